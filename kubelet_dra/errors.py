@@ -1,0 +1,54 @@
+"""The errors kubelet-dra raises, as one shallow tree.
+
+::
+
+    KubeletDraError
+    ├── ConfigError          bad flags, settings or kubeconfig (the CLI exits 2)
+    ├── ReportError          a health report that was refused (reason in .reason)
+    ├── RegistrationError    a plugin socket that cannot be registered
+    ├── StoreError           the persistent health cache cannot be used
+    └── ApiError             the Kubernetes API failed; .status is the HTTP code
+        └── PodGone          the pod no longer exists (writes to it stop)
+
+Foreign exceptions (grpc, kubernetes, sqlite3) are re-raised as one of these
+with the original chained as ``__cause__``, so callers never import the
+libraries we wrap to catch our failures.
+"""
+
+from __future__ import annotations
+
+
+class KubeletDraError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(KubeletDraError):
+    """Invalid configuration: flags, environment, settings or kubeconfig."""
+
+
+class ReportError(KubeletDraError):
+    """A health report, or part of one, was refused."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class RegistrationError(KubeletDraError):
+    """A plugin could not be registered (bad type, versions, socket)."""
+
+
+class StoreError(KubeletDraError):
+    """The on-disk health cache could not be opened, read or written."""
+
+
+class ApiError(KubeletDraError):
+    """A Kubernetes API request failed."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class PodGone(ApiError):
+    """The pod was deleted (404) or replaced by another with the same name."""

@@ -1,0 +1,93 @@
+"""Typed values passed between the pipeline's stages.
+
+Each stage hands the next a small immutable value, never a protobuf message or
+a ``kubernetes`` client object (kubelet counterpart: ``pkg/kubelet/cm/dra/state``).
+
+The hot-path values (:class:`DeviceKey`, :class:`DeviceReport`,
+:class:`DeviceHealth`) are slotted dataclasses and named tuples rather than
+pydantic models: a busy driver sends hundreds of thousands of device updates a
+second and a validating constructor per device would cost more than the
+decoding itself. Pydantic validates them where they cross a trust boundary
+instead: settings, and records read back from disk (``store.StoredDevice``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import NamedTuple
+
+
+class HealthStatus(enum.StrEnum):
+    """A device's health, spelled as the pod status API spells it."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+class DeviceKey(NamedTuple):
+    """A device as the health cache and the claim index name it."""
+
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        # The kubelet's resourceID when the driver returned no CDI device ID.
+        return f"{self.driver}/{self.pool}/{self.device}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceReport:
+    """One device from one health report, converted from the wire.
+
+    ``timeout_seconds`` is the raw ``health_check_timeout_seconds``; zero or
+    negative means "use the node default" (the cache resolves it).
+    ``message`` is already truncated to the API's 1024-byte limit.
+    """
+
+    pool: str
+    device: str
+    health: HealthStatus
+    message: str = ""
+    timeout_seconds: int = 0
+    driver_time: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    """What the cache believes about one device.
+
+    ``last_report`` is when *we* received the last report (the lease starts
+    there, as in the kubelet); ``driver_time`` is the driver's own
+    ``last_updated_time``, kept for display only. ``endpoint`` is the driver
+    socket that reported it, so one endpoint's end does not wipe another's
+    devices during a rolling upgrade.
+    """
+
+    health: HealthStatus
+    message: str
+    lease: float
+    last_report: float
+    driver_time: int = 0
+    endpoint: str = ""
+
+    @property
+    def deadline(self) -> float:
+        """When the lease runs out and the device becomes ``Unknown``."""
+        return self.last_report + self.lease
+
+    def expired(self, now: float) -> bool:
+        # Strictly greater, as the kubelet's getHealthInfo.
+        return now - self.last_report > self.lease
+
+    def visible(self, now: float) -> tuple[HealthStatus, str]:
+        """Health and message as a reader sees them at ``now``."""
+        if self.expired(now):
+            return HealthStatus.UNKNOWN, ""
+        return self.health, self.message
+
+
+UNKNOWN_DEVICE = DeviceHealth(HealthStatus.UNKNOWN, "", 0.0, 0.0)
+"""What a device nobody reported reads as."""

@@ -1,0 +1,79 @@
+"""Every default in one place: pydantic-settings for flags and environment.
+
+The sidecar's flags (``cli.py``) map onto these fields one to one and each
+field also reads its environment variable (``NODE_NAME``, ``KUBECONFIG``,
+``KUBELET_DRA_*``). Library users build a :class:`Settings` directly.
+Kubelet counterparts are named where a default comes from the kubelet.
+"""
+
+from __future__ import annotations
+
+import enum
+import pathlib
+
+import pydantic
+import pydantic_settings
+
+
+class ContainerStatusMode(enum.StrEnum):
+    """Whether to write ``containerStatuses[].allocatedResourcesStatus``."""
+
+    AUTO = "auto"  # write unless the node's kubelet already does
+    ON = "on"
+    OFF = "off"
+
+
+class Role(enum.StrEnum):
+    """How we take part in plugin registration."""
+
+    OBSERVER = "observer"  # never calls NotifyRegistrationStatus (the sidecar)
+    OWNER = "owner"  # acts as the kubelet and answers NotifyRegistrationStatus
+
+
+def _env(name: str) -> pydantic.AliasChoices:
+    return pydantic.AliasChoices(name)
+
+
+class Settings(pydantic_settings.BaseSettings):
+    """Configuration of the pipeline; see ``docs/sidecar.md`` for each field."""
+
+    model_config = pydantic_settings.SettingsConfigDict(
+        env_prefix="KUBELET_DRA_", populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    node_name: str = pydantic.Field(default="", validation_alias=_env("NODE_NAME"))
+    kubeconfig: pathlib.Path | None = pydantic.Field(
+        default=None, validation_alias=_env("KUBECONFIG")
+    )
+    plugins_registry: pathlib.Path = pathlib.Path("/var/lib/kubelet/plugins_registry")
+    state_dir: pathlib.Path = pathlib.Path("/var/lib/kubelet-dra-health")
+    # kubelet DefaultHealthTimeout; a device's positive health_check_timeout_seconds wins.
+    health_timeout: float = pydantic.Field(default=30.0, gt=0)
+    container_status: ContainerStatusMode = ContainerStatusMode.AUTO
+    pod_condition_type: str = "DeviceHealthy"
+    metrics_address: str = "127.0.0.1:9464"
+    role: Role = Role.OBSERVER
+
+    # Registration (kubelet pluginmanager: GetInfo 1 s, reconcile every 1 s).
+    get_info_timeout: float = pydantic.Field(default=1.0, gt=0)
+    registry_poll_interval: float = pydantic.Field(default=0.5, gt=0)
+    registration_backoff_initial: float = pydantic.Field(default=0.5, gt=0)
+    registration_backoff_max: float = pydantic.Field(default=120.0, gt=0)
+
+    # Health streams. The kubelet retries every 5 s with no backoff.
+    stream_backoff_initial: float = pydantic.Field(default=1.0, gt=0)
+    stream_backoff_max: float = pydantic.Field(default=30.0, gt=0)
+    stream_backoff_reset_after: float = pydantic.Field(default=60.0, gt=0)
+    max_message_bytes: int = pydantic.Field(default=16 * 1024 * 1024, gt=0)
+    max_devices_per_report: int = pydantic.Field(default=100_000, gt=0)
+
+    # Status writer (kubelet kube-api-qps 50, burst 100).
+    write_window: float = pydantic.Field(default=0.05, ge=0)
+    api_qps: float = pydantic.Field(default=50.0, gt=0)
+    api_burst: int = pydantic.Field(default=100, gt=0)
+    terminated_pod_ttl: float = pydantic.Field(default=600.0, ge=0)
+    terminated_pod_max: int = pydantic.Field(default=1000, ge=0)
+    event_interval: float = pydantic.Field(default=60.0, ge=0)
+
+    # Persistence: how often staged records are committed.
+    store_flush_interval: float = pydantic.Field(default=0.2, gt=0)
