@@ -208,7 +208,7 @@ class HealthCache:
     ) -> list[models.DeviceKey]:
         changed: list[models.DeviceKey] = []
         for (pool, device), record in list(self._drivers.get(driver, {}).items()):
-            if not owned(record) or _view(record, now) == _UNKNOWN_VIEW:
+            if not owned(record) or record.visible(now) == _UNKNOWN_VIEW:
                 continue
             self._set(driver, pool, device, _expired_copy(record, now))
             changed.append(models.DeviceKey(driver, pool, device))

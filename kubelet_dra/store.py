@@ -33,8 +33,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
-
 import pydantic
 import sqlitedict
 
@@ -263,10 +261,13 @@ def _make_private_dir(directory: pathlib.Path) -> None:
 
 
 def _open_db(path: pathlib.Path) -> sqlitedict.SqliteDict:
-    if not path.exists():
+    if path.exists():
+        _verify(path)
+    else:
         # Create it 0600 ourselves: SQLite would use the umask, and gives the
         # -wal and -shm files the main file's mode.
         os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    _write_schema(path)
     db = sqlitedict.SqliteDict(
         str(path),
         tablename=_TABLE,
@@ -276,31 +277,49 @@ def _open_db(path: pathlib.Path) -> sqlitedict.SqliteDict:
         decode=json.loads,
         outer_stack=False,
     )
-    try:
-        db.conn.execute("PRAGMA synchronous=NORMAL")
-        check = db.conn.select_one("PRAGMA quick_check")
-        if not check or check[0] != "ok":
-            raise errors.StoreError(f"integrity check failed: {check}")
-        _check_schema(path)
-    except BaseException:
-        db.close(force=True)
-        raise
+    db.conn.execute("PRAGMA synchronous=NORMAL")
     return db
 
 
-def _check_schema(path: pathlib.Path) -> None:
-    meta = sqlitedict.SqliteDict(str(path), tablename=_META, journal_mode="WAL", outer_stack=False)
+def _verify(path: pathlib.Path) -> None:
+    """Check an existing file with plain sqlite3 before sqlitedict's thread sees it.
+
+    sqlitedict reports a bad file from its worker thread (an unhandled thread
+    exception); checking here first gives one clear error instead.
+    """
+    conn = sqlite3.connect(path)
     try:
-        version: Any = meta.get("schema")
-        if version is None:
-            meta["schema"] = SCHEMA_VERSION
-            meta.commit()
-        elif version != SCHEMA_VERSION:
+        check = conn.execute("PRAGMA quick_check").fetchone()
+        if not check or check[0] != "ok":
+            raise errors.StoreError(f"integrity check failed: {check}")
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if _META not in tables:
+            return
+        row = conn.execute(f'SELECT value FROM "{_META}" WHERE key = ?', ("schema",)).fetchone()
+        version = json.loads(row[0]) if row else None
+        if version not in (None, SCHEMA_VERSION):
             raise errors.StoreError(
                 f"schema version {version!r}, this build reads version {SCHEMA_VERSION}"
             )
+    except ValueError as exc:
+        raise errors.StoreError(f"unreadable schema version: {exc}") from exc
     finally:
-        meta.close()
+        conn.close()
+
+
+def _write_schema(path: pathlib.Path) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        # The same table shape sqlitedict creates, so sqlitedict can read it too.
+        conn.execute(f'CREATE TABLE IF NOT EXISTS "{_META}" (key TEXT PRIMARY KEY, value BLOB)')
+        conn.execute(
+            f'INSERT OR IGNORE INTO "{_META}" (key, value) VALUES (?, ?)',
+            ("schema", json.dumps(SCHEMA_VERSION)),
+        )
+        conn.commit()
+    finally:
+        conn.close()
 
 
 def _move_aside(path: pathlib.Path) -> pathlib.Path:

@@ -185,21 +185,26 @@ func RunHealth(ctx context.Context, w *Watcher, stream string, send func([]Contr
 			Emit("sent", map[string]any{"stream": stream, "devices": len(c.Devices)})
 		}
 		var resend <-chan time.Time
+		var timer *time.Timer
 		if c.ResendSeconds > 0 {
-			timer := time.NewTimer(time.Duration(c.ResendSeconds * float64(time.Second)))
-			defer timer.Stop()
+			timer = time.NewTimer(time.Duration(c.ResendSeconds * float64(time.Second)))
 			resend = timer.C
 		}
 		select {
 		case <-ctx.Done():
-			return nil
 		case <-changed:
 		case <-resend:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			return nil
 		}
 	}
 }
 
-// LastUpdated returns the Unix time to put on the wire for d.
+// LastUpdatedUnix returns the Unix time to put on the wire for d.
 func (d ControlDevice) LastUpdatedUnix() int64 {
 	if d.LastUpdated != 0 {
 		return d.LastUpdated

@@ -1,0 +1,191 @@
+"""The persistent health cache: restart semantics, bad files, failing disks."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sqlite3
+import stat
+
+import pytest
+
+from kubelet_dra import errors, healthinfo, models, store
+
+H = models.HealthStatus
+T0 = 1_000_000.0
+
+
+def fill(db: store.HealthStore, count: int, *, now: float = T0, timeout: int = 0) -> None:
+    cache = healthinfo.HealthCache(sink=db)
+    reports = [models.DeviceReport("pool", f"dev{i}", H.HEALTHY, "ok", timeout) for i in range(count)]
+    cache.update("drv", reports, now=now, endpoint="/run/drv.sock")
+    db.flush()
+
+
+def reopen(state_dir: pathlib.Path) -> tuple[store.HealthStore, healthinfo.HealthCache]:
+    db = store.HealthStore.open(state_dir)
+    cache = healthinfo.HealthCache(sink=db)
+    cache.load(db.load())
+    return db, cache
+
+
+def test_round_trip_keeps_every_field(tmp_path: pathlib.Path) -> None:
+    db = store.HealthStore.open(tmp_path)
+    cache = healthinfo.HealthCache(sink=db)
+    odd = models.DeviceReport("pöol/1", "dev\x00 ☃", H.UNHEALTHY, "ECC ✗", 12, 123)
+    cache.update("gpu.example.com", [odd], now=T0, endpoint="/plugins/gpu/dra.sock")
+    db.close()
+    db2, _ = reopen(tmp_path)
+    [(key, record)] = db2.load()
+    assert key == models.DeviceKey("gpu.example.com", "pöol/1", "dev\x00 ☃")
+    assert record == models.DeviceHealth(H.UNHEALTHY, "ECC ✗", 12.0, T0, 123, "/plugins/gpu/dra.sock")
+    db2.close()
+
+
+def test_restart_keeps_unexpired_lease_and_expires_the_rest(tmp_path: pathlib.Path) -> None:
+    db = store.HealthStore.open(tmp_path)
+    cache = healthinfo.HealthCache(sink=db)
+    cache.update("drv", [models.DeviceReport("p", "short", H.HEALTHY, "", 500)], now=T0)
+    cache.update("drv", [models.DeviceReport("p", "long", H.HEALTHY, "", 600)], now=T0)
+    # Renewals (no visible change) are persisted too: the lease restarts at T0+100.
+    cache.update("drv", [models.DeviceReport("p", "long", H.HEALTHY, "", 600)], now=T0 + 100)
+    db.close()
+    db2, cache2 = reopen(tmp_path)
+    now = T0 + 650  # the process was down for a while
+    assert cache2.get(models.DeviceKey("drv", "p", "long"), now).health is H.HEALTHY
+    assert cache2.get(models.DeviceKey("drv", "p", "short"), now).health is H.UNKNOWN
+    assert cache2.expire(now) == [models.DeviceKey("drv", "p", "short")]
+    db2.close()
+
+
+def test_flush_batches_many_reports_into_one_commit(tmp_path: pathlib.Path) -> None:
+    db = store.HealthStore.open(tmp_path)
+    cache = healthinfo.HealthCache(sink=db)
+    for step in range(50):
+        cache.update("drv", [models.DeviceReport("p", "d", H.HEALTHY, str(step))], now=T0 + step)
+    assert db.pending == 1  # the latest record per device wins
+    assert db.flush() == 1
+    assert db.commits == 1
+    assert db.flush() == 0
+    db.close()
+    db2, cache2 = reopen(tmp_path)
+    assert cache2.get(models.DeviceKey("drv", "p", "d"), T0 + 49).message == "49"
+    db2.close()
+
+
+def test_sqlite_runs_wal_with_synchronous_normal(tmp_path: pathlib.Path) -> None:
+    db = store.HealthStore.open(tmp_path)
+    assert db._db.conn.select_one("PRAGMA journal_mode") == ("wal",)
+    assert db._db.conn.select_one("PRAGMA synchronous") == (1,)  # NORMAL
+    db.close()
+
+
+def test_state_files_are_private(tmp_path: pathlib.Path) -> None:
+    state = tmp_path / "state"
+    db = store.HealthStore.open(state)
+    fill(db, 3)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    for path in state.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path.name
+    db.close()
+
+
+# -- corrupt and foreign files -------------------------------------------------
+
+
+def valid_file(tmp_path: pathlib.Path) -> bytes:
+    src = tmp_path / "src"
+    db = store.HealthStore.open(src)
+    fill(db, 20)
+    db.close()
+    return (src / store.FILE_NAME).read_bytes()
+
+
+def assert_starts_empty_and_moved_aside(state: pathlib.Path) -> None:
+    db = store.HealthStore.open(state)
+    assert db.moved_aside is not None
+    assert db.moved_aside.exists()
+    assert db.load() == []
+    fill(db, 2)  # and it is writable again
+    db.close()
+    db2 = store.HealthStore.open(state)
+    assert db2.moved_aside is None
+    assert len(db2.load()) == 2
+    db2.close()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"garbage" * 100, os.urandom(4096), b"SQLite format 3\x00" + b"\xff" * 4000],
+    ids=["text", "random", "bad-header"],
+)
+def test_garbage_file_is_moved_aside(tmp_path: pathlib.Path, content: bytes) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / store.FILE_NAME).write_bytes(content)
+    assert_starts_empty_and_moved_aside(state)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.3, 0.5, 0.75, 0.9])
+def test_truncated_file_opens(tmp_path: pathlib.Path, fraction: float) -> None:
+    data = valid_file(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / store.FILE_NAME).write_bytes(data[: int(len(data) * fraction)])
+    db = store.HealthStore.open(state)  # never raises: either readable or moved aside
+    records = db.load()
+    assert all(isinstance(k, models.DeviceKey) for k, _ in records)
+    fill(db, 1)
+    db.close()
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", 99], ids=["old", "future", "string", "far-future"])
+def test_unknown_schema_version_is_moved_aside(tmp_path: pathlib.Path, version: object) -> None:
+    state = tmp_path / "state"
+    db = store.HealthStore.open(state)
+    fill(db, 3)
+    db.close()
+    conn = sqlite3.connect(state / store.FILE_NAME)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (json.dumps(version),))
+    conn.commit()
+    conn.close()
+    assert_starts_empty_and_moved_aside(state)
+
+
+def test_bad_rows_are_skipped_and_counted(tmp_path: pathlib.Path) -> None:
+    state = tmp_path / "state"
+    db = store.HealthStore.open(state)
+    fill(db, 5)
+    db.close()
+    conn = sqlite3.connect(state / store.FILE_NAME)
+    conn.execute("INSERT INTO devices (key, value) VALUES ('x', 'not json')")
+    conn.execute("""INSERT INTO devices (key, value) VALUES ('y', '{"v": 1, "health": "Bad"}')""")
+    conn.commit()
+    conn.close()
+    db2 = store.HealthStore.open(state)
+    assert len(db2.load()) == 5
+    assert db2.skipped_rows == 2
+    db2.close()
+
+
+# -- failing disks -----------------------------------------------------------------
+
+
+def test_failed_flush_keeps_records_and_recovers(tmp_path: pathlib.Path) -> None:
+    db = store.HealthStore.open(tmp_path)
+    cache = healthinfo.HealthCache(sink=db)
+    cache.update("drv", [models.DeviceReport("p", "d", H.UNHEALTHY, "x")], now=T0)
+    db._db.conn.execute("PRAGMA query_only=ON")  # every write now fails, like a read-only disk
+    with pytest.raises(errors.StoreError, match="cannot write"):
+        db.flush()
+    assert db.degraded and db.pending == 1
+    cache.update("drv", [models.DeviceReport("p", "e", H.HEALTHY)], now=T0 + 1)
+    assert db.pending == 2
+    db._db.conn.execute("PRAGMA query_only=OFF")
+    assert db.flush() == 2
+    assert not db.degraded
+    db.close()
+    db2, cache2 = reopen(tmp_path)
+    assert cache2.get(models.DeviceKey("drv", "p", "d"), T0 + 2).health is H.UNHEALTHY
+    db2.close()
