@@ -147,8 +147,8 @@ class HealthCache:
                 changed[device_key] = None
             if self._sink is not None:
                 self._sink.stage(device_key, new)
-        for key in self.expire(now):
-            changed[key] = None
+        for expired in self.expire(now):
+            changed[expired] = None
         return list(changed)
 
     def next_deadline(self) -> float | None:
@@ -203,9 +203,7 @@ class HealthCache:
 
     # -- internals ---------------------------------------------------------
 
-    def _unknown_where(
-        self, driver: str, now: float, owned: _Predicate
-    ) -> list[models.DeviceKey]:
+    def _unknown_where(self, driver: str, now: float, owned: _Predicate) -> list[models.DeviceKey]:
         changed: list[models.DeviceKey] = []
         for (pool, device), record in list(self._drivers.get(driver, {}).items()):
             if not owned(record) or record.visible(now) == _UNKNOWN_VIEW:

@@ -33,6 +33,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+
 import pydantic
 import sqlitedict
 

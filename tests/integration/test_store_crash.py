@@ -96,7 +96,8 @@ def test_sigkill_at_random_points_leaves_a_committed_prefix(tmp_path: pathlib.Pa
         assert acked <= batch <= acked + 1, (acked, batch)
         assert state == (expected_after(batch) if batch >= 0 else {})
         kills_mid_run += batch > acked
-    print(f"\nSIGKILL rounds: {ROUNDS}, last batch {last_batch(state)}, "
-          f"in-flight batch committed in {kills_mid_run} rounds")
+    print(
+        f"\nSIGKILL rounds: {ROUNDS}, last batch {last_batch(state)}, "
+        f"in-flight batch committed in {kills_mid_run} rounds"
+    )
     assert last_batch(state) > 0, "the writer never committed anything"
-

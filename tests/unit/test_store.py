@@ -18,7 +18,9 @@ T0 = 1_000_000.0
 
 def fill(db: store.HealthStore, count: int, *, now: float = T0, timeout: int = 0) -> None:
     cache = healthinfo.HealthCache(sink=db)
-    reports = [models.DeviceReport("pool", f"dev{i}", H.HEALTHY, "ok", timeout) for i in range(count)]
+    reports = [
+        models.DeviceReport("pool", f"dev{i}", H.HEALTHY, "ok", timeout) for i in range(count)
+    ]
     cache.update("drv", reports, now=now, endpoint="/run/drv.sock")
     db.flush()
 
@@ -39,7 +41,9 @@ def test_round_trip_keeps_every_field(tmp_path: pathlib.Path) -> None:
     db2, _ = reopen(tmp_path)
     [(key, record)] = db2.load()
     assert key == models.DeviceKey("gpu.example.com", "pöol/1", "dev\x00 ☃")
-    assert record == models.DeviceHealth(H.UNHEALTHY, "ECC ✗", 12.0, T0, 123, "/plugins/gpu/dra.sock")
+    assert record == models.DeviceHealth(
+        H.UNHEALTHY, "ECC ✗", 12.0, T0, 123, "/plugins/gpu/dra.sock"
+    )
     db2.close()
 
 
