@@ -28,6 +28,7 @@ CHILD = r"""
 import sys
 from kubelet_dra import healthinfo, models, store
 
+HEALTHY = models.HealthStatus.HEALTHY
 state, start = sys.argv[1], int(sys.argv[2])
 db = store.HealthStore.open(state)
 cache = healthinfo.HealthCache(sink=db)
@@ -36,7 +37,7 @@ k = start
 while True:
     first = (k * 37) % 200
     reports = [
-        models.DeviceReport("pool", f"dev{(first + i) % 200}", models.HealthStatus.HEALTHY, "", 0, k)
+        models.DeviceReport("pool", f"dev{(first + i) % 200}", HEALTHY, "", 0, k)
         for i in range(60)
     ]
     cache.update("drv", reports, now=1_000_000.0 + k, endpoint="e")
