@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from kubelet_dra import __version__
+from kubelet_dra import __version__, cachecmd
 
 EXIT_USAGE = 2
 
@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=__version__)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs")
     parser.add_argument("--log-format", choices=["text", "json"], default="text")
-    parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True)
+    cachecmd.add_parser(commands)
     return parser
 
 
