@@ -24,6 +24,7 @@ registration; an **owner** acts as the kubelet and notifies the plugin.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -36,7 +37,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 import grpc
 
 from kubelet_dra import clock as clock_mod
-from kubelet_dra import errors, settings as settings_mod
+from kubelet_dra import errors
+from kubelet_dra import settings as settings_mod
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg_pb2
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
@@ -127,18 +129,14 @@ def plugin_info_from_proto(info: reg_pb2.PluginInfo, socket: str) -> PluginInfo:
     """Validate a ``GetInfo`` answer; an empty endpoint means the socket itself."""
     if info.type != DRA_PLUGIN_TYPE:
         raise errors.RegistrationError(f"plugin type {info.type!r} is not {DRA_PLUGIN_TYPE!r}")
-    return make_plugin_info(
-        info.name, info.endpoint, list(info.supported_versions), socket=socket
-    )
+    return make_plugin_info(info.name, info.endpoint, list(info.supported_versions), socket=socket)
 
 
 class _Retryable(errors.RegistrationError):
     """A failure a later attempt can cure (no server yet, timeout, transient error)."""
 
 
-async def fetch_plugin_info(
-    socket: str, *, role: settings_mod.Role, timeout: float
-) -> PluginInfo:
+async def fetch_plugin_info(socket: str, *, role: settings_mod.Role, timeout: float) -> PluginInfo:
     """Register one socket: GetInfo, validate, and (as owner) notify the plugin."""
     async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
         stub = reg_grpc.RegistrationStub(channel)
@@ -243,12 +241,10 @@ class RegistryWatcher:
         # The scan cadence is real time (the filesystem changes in real
         # time); retry backoff is in clock time, so tests can drive it.
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     self._wake.wait(), timeout=self._settings.registry_poll_interval
                 )
-            except TimeoutError:
-                pass
             self._wake.clear()
             try:
                 await self.scan_once()
@@ -326,9 +322,9 @@ class RegistryWatcher:
     def _start_due(self) -> None:
         now = self._clock.now()
         for path, entry in self._sockets.items():
-            if entry.info is None and entry.task is None and not entry.parked:
-                if entry.next_try <= now:
-                    entry.task = asyncio.create_task(self._attempt(path), name=f"register {path}")
+            idle = entry.info is None and entry.task is None and not entry.parked
+            if idle and entry.next_try <= now:
+                entry.task = asyncio.create_task(self._attempt(path), name=f"register {path}")
 
     async def _attempt(self, path: str) -> PluginInfo:
         try:
@@ -355,7 +351,10 @@ class RegistryWatcher:
             self.failures.pop(path, None)
             logger.info(
                 "registered driver %s at %s (service %s, health %s)",
-                info.driver, info.endpoint, info.dra_service, info.health_service or "none",
+                info.driver,
+                info.endpoint,
+                info.dra_service,
+                info.health_service or "none",
             )
             await self._emit(EventKind.REGISTER, info)
 

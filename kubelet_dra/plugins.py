@@ -1,0 +1,265 @@
+"""Registered DRA plugins and their health streams; the lease deadline timer.
+
+Counterpart of the kubelet's ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``
+(plugin list per driver, one health stream per endpoint) together with
+``HandleWatchResourcesStream`` in ``pkg/kubelet/cm/dra/manager.go``.
+
+:class:`PluginManager` receives ``registration.PluginEvent`` values through
+:meth:`PluginManager.handle` and runs one supervised task per endpoint that
+advertises a health service (the loop itself is in ``_streams``). Every
+report goes into the ``healthinfo.HealthCache``; the devices whose visible
+state changed go to ``on_change``. Differences from the kubelet, each tested:
+
+- a stream that ends (EOF, error, deregistration) turns the devices *that
+  endpoint* reported ``Unknown`` at once and notifies ``on_change`` (the
+  kubelet clears the whole driver, notifies nobody: #140818);
+- ``UNIMPLEMENTED`` stops the endpoint's task until it re-registers (#141855);
+- a deadline task wakes at the earliest lease deadline and expires leases
+  then, so pods see ``Unknown`` on time (#140819).
+
+Observability is plain state (``endpoints``, ``drivers``, ``refused``,
+``lease_expiries``) that the metrics module reads at scrape time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+from kubelet_dra import _streams, healthinfo, models, registration
+from kubelet_dra import clock as clock_mod
+from kubelet_dra import settings as settings_mod
+
+logger = logging.getLogger(__name__)
+
+StreamState = _streams.StreamState
+EndpointStatus = _streams.EndpointStatus
+OnChange = Callable[[list[models.DeviceKey]], Awaitable[None]]
+_EPSILON = 0.001  # leases expire strictly after their deadline
+
+
+@dataclasses.dataclass
+class DriverStats:
+    """Per-driver counters, read by the metrics module."""
+
+    reports: int = 0
+    device_updates: int = 0
+    last_report: float | None = None
+
+
+@dataclasses.dataclass
+class _Endpoint:
+    plugin: registration.PluginInfo
+    status: EndpointStatus | None = None  # None: no health service advertised
+    task: asyncio.Task[None] | None = None
+
+
+class PluginManager:
+    """Health streams of every registered DRA plugin, feeding one health cache.
+
+    Use as ``async with PluginManager(...) as manager`` or call :meth:`start`
+    and :meth:`close`; pass :meth:`handle` as the ``on_event`` callback of a
+    ``registration.RegistryWatcher``.
+    """
+
+    def __init__(
+        self,
+        cache: healthinfo.HealthCache,
+        *,
+        settings: settings_mod.Settings,
+        clock: clock_mod.Clock,
+        on_change: OnChange,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cache = cache
+        self._settings = settings
+        self._clock = clock
+        self._on_change = on_change
+        self._rng = rng or random.Random()
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._deadline_task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._sleeping_until: float | None = None
+        self.drivers: dict[str, DriverStats] = collections.defaultdict(DriverStats)
+        self.refused: collections.Counter[tuple[str, str]] = collections.Counter()
+        """(driver, reason) -> devices or reports refused or altered; reasons are
+        ``empty_name``, ``name_too_long``, ``duplicate``, ``unknown_health``,
+        ``negative_timeout``, ``message_truncated`` (per device) and
+        ``too_many_devices``, ``too_large`` (per report)."""
+        self.lease_expiries = 0
+        """Devices turned ``Unknown`` by the deadline task."""
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def __aenter__(self) -> PluginManager:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._deadline_task is None:
+            self._deadline_task = asyncio.create_task(self._deadline_loop(), name="lease-deadlines")
+
+    async def close(self) -> None:
+        """Stop every stream (marking their devices ``Unknown``) and the deadline task."""
+        for endpoint in list(self._endpoints):
+            await self._remove(endpoint)
+        if self._deadline_task is not None:
+            self._deadline_task.cancel()
+            await asyncio.gather(self._deadline_task, return_exceptions=True)
+            self._deadline_task = None
+
+    # -- registration events ----------------------------------------------
+
+    async def handle(self, event: registration.PluginEvent) -> None:
+        """Apply a register or deregister event from the registry watcher."""
+        plugin = event.plugin
+        if event.kind is registration.EventKind.DEREGISTER:
+            current = self._endpoints.get(plugin.endpoint)
+            if current is not None and current.plugin == plugin:
+                await self._remove(plugin.endpoint)
+            return
+        if plugin.endpoint in self._endpoints:
+            # The kubelet refuses a second registration of the same endpoint.
+            logger.error(
+                "driver %s: endpoint %s is already registered; ignoring %s",
+                plugin.driver,
+                plugin.endpoint,
+                plugin.socket or "static registration",
+            )
+            return
+        self._add(plugin)
+
+    @property
+    def endpoints(self) -> dict[str, EndpointStatus]:
+        """Endpoint path -> stream status, for endpoints with a health service."""
+        return {p: e.status for p, e in self._endpoints.items() if e.status is not None}
+
+    @property
+    def plugins(self) -> list[registration.PluginInfo]:
+        """Every registered plugin, with or without a health service."""
+        return [e.plugin for e in self._endpoints.values()]
+
+    def _add(self, plugin: registration.PluginInfo) -> None:
+        entry = _Endpoint(plugin)
+        self._endpoints[plugin.endpoint] = entry
+        if plugin.health_service is None:
+            logger.info("driver %s advertises no health service; not streaming", plugin.driver)
+            return
+        entry.status = EndpointStatus(plugin.driver, plugin.endpoint, plugin.health_service)
+        entry.task = asyncio.create_task(
+            self._supervise(plugin, entry.status), name=f"health {plugin.endpoint}"
+        )
+
+    async def _remove(self, endpoint: str) -> None:
+        entry = self._endpoints.pop(endpoint)
+        if entry.task is not None:
+            entry.task.cancel()
+            await asyncio.gather(entry.task, return_exceptions=True)
+        if entry.status is not None:
+            entry.status.state = StreamState.STOPPED
+            await self.on_end(entry.status)
+
+    async def _supervise(self, plugin: registration.PluginInfo, status: EndpointStatus) -> None:
+        """Run the stream loop; a bug in it is logged and the loop restarted."""
+        while True:
+            try:
+                await _streams.run_endpoint(
+                    plugin,
+                    status,
+                    settings=self._settings,
+                    clock=self._clock,
+                    rng=self._rng,
+                    hooks=self,
+                )
+                return
+            except Exception:
+                logger.exception("health stream of driver %s crashed; restarting", plugin.driver)
+                await self.on_end(status)
+                status.state = StreamState.BACKOFF
+                await self._clock.sleep(self._settings.stream_backoff_max)
+
+    # -- stream hooks (called by _streams.run_endpoint) --------------------
+
+    async def on_report(self, status: EndpointStatus, converted: _streams.Converted) -> None:
+        self._count_problems(status, converted)
+        if converted.refused is not None:
+            return
+        now = self._clock.now()
+        changed = self.cache.update(
+            status.driver, converted.reports, now=now, endpoint=status.endpoint
+        )
+        status.reports += 1
+        status.last_report = now
+        stats = self.drivers[status.driver]
+        stats.reports += 1
+        stats.device_updates += len(converted.reports)
+        stats.last_report = now
+        self._poke_deadline()
+        await self._notify(changed)
+
+    async def on_end(self, status: EndpointStatus) -> None:
+        changed = self.cache.end_endpoint(status.driver, status.endpoint, self._clock.now())
+        await self._notify(changed)
+
+    def _count_problems(self, status: EndpointStatus, converted: _streams.Converted) -> None:
+        for reason, count in converted.problems.items():
+            self.refused[status.driver, reason] += count
+            status.log_once(
+                reason,
+                "driver %s at %s sent a bad health report (%s); counted in refused, "
+                "logged once per endpoint",
+                status.driver,
+                status.endpoint,
+                reason,
+            )
+
+    async def _notify(self, changed: list[models.DeviceKey]) -> None:
+        if not changed:
+            return
+        try:
+            await self._on_change(changed)
+        except Exception:
+            logger.exception("on_change failed for %d devices", len(changed))
+
+    # -- lease deadlines ---------------------------------------------------
+
+    def _poke_deadline(self) -> None:
+        deadline = self.cache.next_deadline()
+        if deadline is None:
+            return
+        if self._sleeping_until is None or deadline < self._sleeping_until:
+            self._wake.set()
+
+    async def _deadline_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            deadline = self.cache.next_deadline()
+            now = self._clock.now()
+            if deadline is None or deadline >= now:
+                # Leases expire strictly after the deadline: wake just past it.
+                self._sleeping_until = deadline
+                await self._sleep_or_wake(None if deadline is None else deadline - now + _EPSILON)
+            self._sleeping_until = None
+            changed = self.cache.expire(self._clock.now())
+            self.lease_expiries += len(changed)
+            await self._notify(changed)
+
+    async def _sleep_or_wake(self, delay: float | None) -> None:
+        waiters: list[asyncio.Task[object]] = [asyncio.create_task(self._wake.wait())]
+        if delay is not None:
+            waiters.append(asyncio.create_task(self._clock.sleep(delay)))
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*waiters, return_exceptions=True)
