@@ -1,0 +1,381 @@
+"""A pod's ``allocatedResourcesStatus`` and device-health condition, pure.
+
+Counterpart of the kubelet's ``UpdateAllocatedResourcesStatus`` in
+``pkg/kubelet/cm/dra/manager.go``. For every container status whose container
+has ``resources.claims`` (containers without claims are left exactly as they
+are), each claim entry becomes one ``ResourceStatus``:
+
+- ``name`` is ``claim:<ref>`` or ``claim:<ref>/<request>``, where ``<ref>`` is
+  the *pod-level* claim reference name, not the ResourceClaim object's name;
+- its ``resources`` are rebuilt from scratch: one ``ResourceHealth`` per
+  device the claim entry sees (the request filter of ``claims``), with
+  ``resourceID`` the device's first CDI device ID, else
+  ``<driver>/<pool>/<device>``; ``health`` ``Healthy``, ``Unhealthy`` or
+  ``Unknown``; ``message`` only when non-empty; duplicates by ``resourceID``
+  dropped;
+- an entry left with no resources is removed; entries of unresolved claims
+  and entries we do not produce (device plugins) are kept untouched.
+
+Restartable init containers (sidecars) get the same treatment in
+``initContainerStatuses``, which the kubelet misses (kubernetes #139940).
+
+The pod condition (type from ``Settings.pod_condition_type``; ``""``
+disables it) summarises every device of the pod's claims: ``True`` when all
+are Healthy, ``False`` (reason ``DeviceUnhealthy``, the message names the
+unhealthy devices) when any is Unhealthy, ``Unknown`` otherwise.
+``lastTransitionTime`` moves only when the condition's status changes.
+
+A Job can act on it with ``podFailurePolicy``: a rule with
+``onPodConditions: [{type: DeviceHealthy, status: "False"}]`` and action
+``FailJob``, ``Ignore`` or ``Count`` matches a failed pod that carries the
+condition. The Job controller looks at the pod when it is terminal, so the
+condition must be there by then: the writer writes it as soon as a device
+turns Unhealthy, and keeps a terminated pod's devices long enough to write
+its post-mortem status (see ``kube``).
+
+The computation is split in two so the writer can re-apply after a conflict:
+:func:`desired_status` turns a pod, an index and device health into a
+:class:`Desired` value; :func:`merge` applies it to whatever status the API
+holds now and says whether anything changed. :func:`update_allocated_resources_status`
+composes both the way the kubelet's function behaves.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from kubelet_dra import claims, models
+
+logger = logging.getLogger(__name__)
+
+HealthOf = Callable[[models.DeviceKey], models.DeviceHealth]
+Obj = Mapping[str, Any]
+
+REASON_HEALTHY = "AllDevicesHealthy"
+REASON_UNHEALTHY = "DeviceUnhealthy"
+REASON_UNKNOWN = "DeviceHealthUnknown"
+CONDITION_MESSAGE_MAX = 1024
+_STATUS_OF = {
+    models.HealthStatus.HEALTHY: "True",
+    models.HealthStatus.UNHEALTHY: "False",
+    models.HealthStatus.UNKNOWN: "Unknown",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceState:
+    """One device of a pod as a reader sees it at ``now``."""
+
+    key: models.DeviceKey
+    resource_id: str
+    claim_ref: str
+    health: models.HealthStatus
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Desired:
+    """What we want in one pod's status.
+
+    ``containers`` maps (status field, container name) to the entries we
+    manage for it: name -> ``ResourceStatus`` dict, or ``None`` for a name
+    whose entry must go (its claim sees no device). ``condition`` is ``None``
+    when disabled or when the pod has no devices.
+    """
+
+    pod_uid: str
+    containers: Mapping[tuple[str, str], Mapping[str, dict[str, Any] | None]]
+    condition: dict[str, Any] | None
+    devices: tuple[DeviceState, ...]
+
+
+def to_resource_health_status(value: str) -> models.HealthStatus:
+    """The kubelet's ``toResourceHealthStatus``: anything unexpected is Unknown."""
+    try:
+        return models.HealthStatus(value)
+    except ValueError:
+        return models.HealthStatus.UNKNOWN
+
+
+def resource_health(
+    device: claims.PreparedDevice,
+    health: models.HealthStatus | str,
+    message: str,
+    *,
+    with_message: bool = True,
+) -> dict[str, Any]:
+    """The kubelet's ``buildResourceHealth``: one ``ResourceHealth`` dict."""
+    entry: dict[str, Any] = {
+        "resourceID": device.resource_id,
+        "health": str(to_resource_health_status(str(health))),
+    }
+    if with_message and message:
+        entry["message"] = message
+    return entry
+
+
+def status_name(ref: str, request: str) -> str:
+    """``claim:<ref>`` or ``claim:<ref>/<request>``."""
+    return f"claim:{ref}/{request}" if request else f"claim:{ref}"
+
+
+def desired_status(
+    pod: Obj,
+    *,
+    index: claims.DeviceLookup,
+    health_of: HealthOf,
+    now: float,
+    condition_type: str = "",
+    with_message: bool = True,
+    sidecars: bool = True,
+) -> Desired:
+    """What ``pod``'s status should say about its devices at ``now``."""
+    uid = str((pod.get("metadata") or {}).get("uid", ""))
+    view = _Viewer(health_of, now)
+    containers: dict[tuple[str, str], dict[str, dict[str, Any] | None]] = {}
+    for cc in claims.container_claims(pod, sidecars=sidecars):
+        devices = _claim_devices(pod, index, cc.ref)
+        if devices is None:
+            continue  # the kubelet skips unresolved or unknown claims: entry untouched
+        entry = _resource_status(cc, devices, view, with_message=with_message)
+        containers.setdefault((cc.field, cc.container), {})[entry["name"]] = (
+            entry if entry["resources"] else None
+        )
+    states = pod_device_states(pod, index=index, view=view)
+    condition = build_condition(condition_type, states) if condition_type else None
+    return Desired(uid, containers, condition, states)
+
+
+def pod_device_states(
+    pod: Obj, *, index: claims.DeviceLookup, view: _Viewer
+) -> tuple[DeviceState, ...]:
+    """Every device of every claim the pod references, once, in a stable order."""
+    seen: dict[models.DeviceKey, DeviceState] = {}
+    for ref in sorted(str(r.get("name", "")) for r in _pod_claim_refs(pod)):
+        for device in _claim_devices(pod, index, ref) or ():
+            if device.key not in seen:
+                health, message = view(device.key)
+                seen[device.key] = DeviceState(device.key, device.resource_id, ref, health, message)
+    return tuple(seen.values())
+
+
+def build_condition(condition_type: str, states: Sequence[DeviceState]) -> dict[str, Any] | None:
+    """The condition for these devices, without ``lastTransitionTime`` (see :func:`merge`)."""
+    if not states:
+        return None
+    unhealthy = [s for s in states if s.health is models.HealthStatus.UNHEALTHY]
+    unknown = [s for s in states if s.health is models.HealthStatus.UNKNOWN]
+    if unhealthy:
+        status, reason = "False", REASON_UNHEALTHY
+        message = "Unhealthy devices: " + _describe(unhealthy)
+    elif unknown:
+        status, reason = "Unknown", REASON_UNKNOWN
+        message = "Health unknown for devices: " + _describe(unknown)
+    else:
+        status, reason = "True", REASON_HEALTHY
+        message = f"All {len(states)} devices are healthy"
+    return {
+        "type": condition_type,
+        "status": status,
+        "reason": reason,
+        "message": _cap(message, CONDITION_MESSAGE_MAX),
+    }
+
+
+def merge(
+    status: Obj | None,
+    desired: Desired,
+    *,
+    now: float,
+    container_status: bool = True,
+    condition: bool = True,
+) -> tuple[dict[str, Any], bool]:
+    """Apply ``desired`` to a copy of ``status``; return it and whether it changed.
+
+    Everything we do not own is preserved: other containers' fields, entries
+    of claims we could not resolve, device-plugin entries, other conditions.
+    Order-only differences do not count as a change (both lists are
+    ``listType=map`` in the API).
+    """
+    new: dict[str, Any] = copy.deepcopy(dict(status or {}))
+    changed = False
+    if container_status:
+        changed |= _merge_containers(new, desired.containers)
+    if condition and desired.condition is not None:
+        changed |= _merge_condition(new, desired.condition, now)
+    return new, changed
+
+
+def update_allocated_resources_status(
+    pod: Obj,
+    status: Obj | None,
+    *,
+    index: claims.DeviceLookup,
+    health_of: HealthOf,
+    now: float,
+    with_message: bool = True,
+    sidecars: bool = True,
+) -> dict[str, Any]:
+    """The kubelet's ``UpdateAllocatedResourcesStatus`` on plain dicts (no condition)."""
+    desired = desired_status(
+        pod, index=index, health_of=health_of, now=now, with_message=with_message,
+        sidecars=sidecars,
+    )  # fmt: skip
+    new, _ = merge(status, desired, now=now, condition=False)
+    return new
+
+
+def container_entries(status: Obj | None, field: str, container: str) -> list[dict[str, Any]]:
+    """The ``allocatedResourcesStatus`` list of one container status (empty if none)."""
+    for cs in (status or {}).get(field) or ():
+        if cs.get("name") == container:
+            return list(cs.get("allocatedResourcesStatus") or ())
+    return []
+
+
+def find_condition(status: Obj | None, condition_type: str) -> dict[str, Any] | None:
+    for cond in (status or {}).get("conditions") or ():
+        if cond.get("type") == condition_type:
+            return dict(cond)
+    return None
+
+
+def normalized(entries: Iterable[Obj] | None) -> list[tuple[str, tuple[tuple[str, str, str], ...]]]:
+    """A comparable form of an ``allocatedResourcesStatus`` list (order-insensitive)."""
+    return sorted(
+        (str(e.get("name", "")), tuple(sorted(_resource_key(r) for r in e.get("resources") or ())))
+        for e in entries or ()
+    )
+
+
+def _resource_key(resource: Obj) -> tuple[str, str, str]:
+    return (
+        str(resource.get("resourceID", "")),
+        str(resource.get("health", "")),
+        str(resource.get("message") or ""),
+    )
+
+
+def rfc3339(when: float) -> str:
+    """``metav1.Time`` JSON: UTC, second precision."""
+    moment = datetime.datetime.fromtimestamp(int(when), tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- internals -------------------------------------------------------------------
+
+
+class _Viewer:
+    """Reads each device's visible health once per computation."""
+
+    def __init__(self, health_of: HealthOf, now: float) -> None:
+        self._health_of = health_of
+        self._now = now
+        self._seen: dict[models.DeviceKey, tuple[models.HealthStatus, str]] = {}
+
+    def __call__(self, key: models.DeviceKey) -> tuple[models.HealthStatus, str]:
+        if key not in self._seen:
+            self._seen[key] = self._health_of(key).visible(self._now)
+        return self._seen[key]
+
+
+def _resource_status(
+    cc: claims.ContainerClaim,
+    devices: Sequence[claims.PreparedDevice],
+    view: _Viewer,
+    *,
+    with_message: bool,
+) -> dict[str, Any]:
+    resources: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for device in devices:
+        if not device.serves(cc.request) or device.resource_id in seen:
+            continue
+        seen.add(device.resource_id)
+        health, message = view(device.key)
+        resources.append(resource_health(device, health, message, with_message=with_message))
+    return {"name": status_name(cc.ref, cc.request), "resources": resources}
+
+
+def _merge_containers(
+    status: dict[str, Any],
+    containers: Mapping[tuple[str, str], Mapping[str, dict[str, Any] | None]],
+) -> bool:
+    changed = False
+    for (field, name), managed in containers.items():
+        for cs in status.get(field) or ():
+            if cs.get("name") == name:
+                changed |= _merge_entries(cs, managed)
+    return changed
+
+
+def _merge_entries(cs: dict[str, Any], managed: Mapping[str, dict[str, Any] | None]) -> bool:
+    current = list(cs.get("allocatedResourcesStatus") or ())
+    # Like the kubelet, entries left without resources go, ours or not.
+    merged = [
+        e
+        for e in current
+        if (managed[e["name"]] if e.get("name") in managed else e.get("resources"))
+    ]
+    merged = [copy.deepcopy(managed.get(e.get("name")) or e) for e in merged]
+    present = {e.get("name") for e in merged}
+    merged += [copy.deepcopy(e) for n, e in managed.items() if e and n not in present]
+    if normalized(merged) == normalized(current):
+        return False
+    if merged:
+        cs["allocatedResourcesStatus"] = merged
+    else:
+        cs.pop("allocatedResourcesStatus", None)
+    return True
+
+
+def _merge_condition(status: dict[str, Any], wanted: Mapping[str, Any], now: float) -> bool:
+    conditions = [dict(c) for c in status.get("conditions") or ()]
+    for i, cond in enumerate(conditions):
+        if cond.get("type") != wanted["type"]:
+            continue
+        if all(cond.get(k) == wanted[k] for k in ("status", "reason", "message")):
+            return False
+        moved = cond.get("status") != wanted["status"] or not cond.get("lastTransitionTime")
+        stamp = rfc3339(now) if moved else cond["lastTransitionTime"]
+        conditions[i] = {**cond, **wanted, "lastTransitionTime": stamp}
+        status["conditions"] = conditions
+        return True
+    conditions.append({**wanted, "lastTransitionTime": rfc3339(now)})
+    status["conditions"] = conditions
+    return True
+
+
+def _claim_devices(
+    pod: Obj, index: claims.DeviceLookup, ref: str
+) -> Sequence[claims.PreparedDevice] | None:
+    meta = pod.get("metadata") or {}
+    name, _ = claims.resolve_claim_name(pod, ref)
+    if not name:
+        return None
+    key = claims.ClaimKey(str(meta.get("namespace") or "default"), name)
+    return index.devices_for(str(meta.get("uid", "")), key)
+
+
+def _pod_claim_refs(pod: Obj) -> Iterable[Obj]:
+    return (pod.get("spec") or {}).get("resourceClaims") or ()
+
+
+def _describe(states: Sequence[DeviceState]) -> str:
+    parts = []
+    for s in states:
+        part = f"{s.key} (claim {s.claim_ref})"
+        parts.append(f"{part}: {s.message}" if s.message else part)
+    return "; ".join(parts)
+
+
+def _cap(text: str, limit: int) -> str:
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    return raw[: limit - 3].decode("utf-8", errors="ignore") + "..."

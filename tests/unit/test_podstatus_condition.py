@@ -1,0 +1,130 @@
+"""The device-health pod condition: status, reason, message and lastTransitionTime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kubelet_dra import claims, models, podstatus
+from tests.unit import test_podstatus_builders as b
+
+H = models.HealthStatus
+DRV = "gpu.example.com"
+TYPE = "DeviceHealthy"
+
+
+def _key(device: str) -> models.DeviceKey:
+    return models.DeviceKey(DRV, "pool", device)
+
+
+def _pod_and_index() -> tuple[dict[str, Any], claims.ClaimIndex]:
+    pod = b.pod(
+        claims=[{"name": "gpu", "resourceClaimName": "gpu-claim"}],
+        containers=[b.container("main", ("gpu", ""))],
+        container_statuses=[{"name": "main"}],
+    )
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    index = claims.ClaimIndex()
+    index.set_pod(pod)
+    devices = [claims.PreparedDevice(DRV, "pool", d) for d in ("gpu-0", "gpu-1")]
+    index.add_prepared_claim(namespace="default", name="gpu-claim", devices=devices)
+    return pod, index
+
+
+def _desired(pod: dict[str, Any], index: claims.ClaimIndex, **health: H) -> podstatus.Desired:
+    table = {_key(d): b.record(h, f"{d} says {h}") for d, h in health.items()}
+    return podstatus.desired_status(
+        pod, index=index, health_of=b.health_map(table), now=b.NOW, condition_type=TYPE
+    )
+
+
+CASES = [
+    ("all-healthy", {"gpu_0": H.HEALTHY, "gpu_1": H.HEALTHY}, "True", podstatus.REASON_HEALTHY),
+    ("one-unhealthy", {"gpu_0": H.UNHEALTHY, "gpu_1": H.UNKNOWN}, "False",
+     podstatus.REASON_UNHEALTHY),
+    ("one-unknown", {"gpu_0": H.HEALTHY, "gpu_1": H.UNKNOWN}, "Unknown", podstatus.REASON_UNKNOWN),
+    ("never-reported", {}, "Unknown", podstatus.REASON_UNKNOWN),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("health", "status", "reason"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_condition_summarises_every_device(health: dict[str, H], status: str, reason: str) -> None:
+    pod, index = _pod_and_index()
+    desired = _desired(pod, index, **{k.replace("_", "-"): v for k, v in health.items()})
+    assert desired.condition is not None
+    assert (desired.condition["status"], desired.condition["reason"]) == (status, reason)
+
+
+def test_false_condition_names_only_the_unhealthy_devices() -> None:
+    pod, index = _pod_and_index()
+    cond = _desired(pod, index, **{"gpu-0": H.HEALTHY, "gpu-1": H.UNHEALTHY}).condition
+    assert cond is not None
+    assert "gpu.example.com/pool/gpu-1 (claim gpu): gpu-1 says Unhealthy" in cond["message"]
+    assert "gpu-0" not in cond["message"]
+
+
+def test_last_transition_time_moves_only_on_status_change() -> None:
+    pod, index = _pod_and_index()
+    first, changed = podstatus.merge(
+        pod["status"], _desired(pod, index, **{"gpu-0": H.UNHEALTHY}), now=b.NOW
+    )
+    assert changed
+    cond = podstatus.find_condition(first, TYPE)
+    assert cond is not None
+    assert cond["lastTransitionTime"] == podstatus.rfc3339(b.NOW)
+    # Same status, new message (another device also fails): time stays.
+    second, changed = podstatus.merge(
+        first, _desired(pod, index, **{"gpu-0": H.UNHEALTHY, "gpu-1": H.UNHEALTHY}),
+        now=b.NOW + 10,
+    )  # fmt: skip
+    assert changed
+    assert podstatus.find_condition(second, TYPE)["lastTransitionTime"] == podstatus.rfc3339(b.NOW)  # type: ignore[index]
+    third, changed = podstatus.merge(
+        second, _desired(pod, index, **{"gpu-0": H.HEALTHY, "gpu-1": H.HEALTHY}), now=b.NOW + 20
+    )
+    assert changed
+    cond = podstatus.find_condition(third, TYPE)
+    assert cond is not None
+    assert (cond["status"], cond["lastTransitionTime"]) == ("True", podstatus.rfc3339(b.NOW + 20))
+    assert podstatus.find_condition(third, "Ready") == {"type": "Ready", "status": "True"}
+
+
+def test_same_condition_is_no_change() -> None:
+    pod, index = _pod_and_index()
+    desired = _desired(pod, index, **{"gpu-0": H.HEALTHY, "gpu-1": H.HEALTHY})
+    first, _ = podstatus.merge(pod["status"], desired, now=b.NOW)
+    _, changed = podstatus.merge(first, desired, now=b.NOW + 5, container_status=False)
+    assert not changed
+
+
+def test_empty_condition_type_disables_the_condition() -> None:
+    pod, index = _pod_and_index()
+    desired = podstatus.desired_status(
+        pod, index=index, health_of=lambda _k: b.healthy(), now=b.NOW, condition_type=""
+    )
+    assert desired.condition is None
+    new, _ = podstatus.merge(pod["status"], desired, now=b.NOW)
+    assert new["conditions"] == [{"type": "Ready", "status": "True"}]
+
+
+def test_pod_without_devices_gets_no_condition() -> None:
+    pod = b.pod(containers=[{"name": "main"}], container_statuses=[{"name": "main"}])
+    desired = podstatus.desired_status(
+        pod, index=claims.ClaimIndex(), health_of=lambda _k: b.healthy(), now=b.NOW,
+        condition_type=TYPE,
+    )  # fmt: skip
+    assert desired.condition is None
+    assert podstatus.merge(pod["status"], desired, now=b.NOW)[1] is False
+
+
+def test_long_condition_message_is_capped() -> None:
+    pod, index = _pod_and_index()
+    table = {_key(d): b.record(H.UNHEALTHY, "x" * 900) for d in ("gpu-0", "gpu-1")}
+    desired = podstatus.desired_status(
+        pod, index=index, health_of=b.health_map(table), now=b.NOW, condition_type=TYPE
+    )
+    assert desired.condition is not None
+    assert len(desired.condition["message"].encode()) == podstatus.CONDITION_MESSAGE_MAX
