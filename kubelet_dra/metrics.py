@@ -1,0 +1,320 @@
+"""Prometheus metrics and the ``/metrics``, ``/healthz``, ``/readyz`` server.
+
+The kubelet exports nothing about DRA health (landscape section 1.1); this is
+what an operator needs to see the pipeline itself: stream states, reconnects,
+refused input, devices by health, lease expiries, pod writes by result,
+pending pods, latencies and the age of each driver's last report.
+
+Components do not import prometheus. They keep plain counters; the manager
+turns them into a :class:`State` on the event loop (so nothing is read while
+the loop mutates it) and this module renders it at scrape time. Latencies are
+observed directly into the two histograms (:class:`Metrics`), which are
+thread-safe.
+
+The HTTP server runs in a thread so that a stalled event loop can still be
+reported: ``/healthz`` fails when the loop's heartbeat is older than
+``stall_after`` seconds; ``/readyz`` answers 200 only when every readiness
+check passes and lists each check either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import http.server
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import prometheus_client
+from prometheus_client import core, registry
+
+from kubelet_dra import errors
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "kubelet_dra"
+STREAM_STATES = ("connecting", "streaming", "backoff", "unimplemented", "stopped")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamInfo:
+    driver: str
+    endpoint: str
+    service: str
+    state: str
+    reconnects: int
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    """Everything the collector renders, taken on the event loop."""
+
+    streams: list[StreamInfo] = dataclasses.field(default_factory=list)
+    reports: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    device_updates: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    last_report: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    refused: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    devices: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    lease_expiries: int = 0
+    pod_writes: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    pending_pods: int = 0
+    store_pending: int = 0
+    store_degraded: bool = False
+    store_errors: int = 0
+    api_field_dropped: bool = False
+    now: float = 0.0
+
+
+class Metrics:
+    """The registry, the live histograms, and a collector over :class:`State`."""
+
+    def __init__(self, state: Callable[[], State]) -> None:
+        self.registry = registry.CollectorRegistry(auto_describe=True)
+        self.write_latency = prometheus_client.Histogram(
+            f"{PREFIX}_pod_write_duration_seconds",
+            "Time to write one pod's status (all attempts).",
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.store_commit_latency = prometheus_client.Histogram(
+            f"{PREFIX}_store_commit_duration_seconds",
+            "Time to commit one batch of health records to the state file.",
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+        )
+        self.registry.register(_Collector(state))
+
+    def render(self) -> bytes:
+        return bytes(prometheus_client.generate_latest(self.registry))
+
+
+class _Collector(registry.Collector):
+    def __init__(self, state: Callable[[], State]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[core.Metric]:
+        state = self._state()
+        yield from _stream_metrics(state)
+        yield from _driver_metrics(state)
+        yield from _device_metrics(state)
+        yield from _writer_metrics(state)
+        yield from _store_metrics(state)
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> core.GaugeMetricFamily:
+    return core.GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> core.CounterMetricFamily:
+    return core.CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+
+
+def _stream_metrics(state: State) -> Iterator[core.Metric]:
+    stream = _gauge(
+        "stream_state",
+        "1 for the current state of each driver endpoint's health stream.",
+        ["driver", "endpoint", "service", "state"],
+    )
+    reconnects = _counter(
+        "stream_reconnects", "Health stream reconnects per endpoint.", ["driver", "endpoint"]
+    )
+    for info in state.streams:
+        for candidate in STREAM_STATES:
+            value = 1.0 if candidate == info.state else 0.0
+            stream.add_metric([info.driver, info.endpoint, info.service, candidate], value)
+        reconnects.add_metric([info.driver, info.endpoint], info.reconnects)
+    yield stream
+    yield reconnects
+
+
+def _driver_metrics(state: State) -> Iterator[core.Metric]:
+    reports = _counter("reports", "Health reports received per driver.", ["driver"])
+    updates = _counter("device_updates", "Device entries received per driver.", ["driver"])
+    age = _gauge("last_report_age_seconds", "Seconds since the driver's last report.", ["driver"])
+    for driver, count in state.reports.items():
+        reports.add_metric([driver], count)
+    for driver, count in state.device_updates.items():
+        updates.add_metric([driver], count)
+    for driver, when in state.last_report.items():
+        age.add_metric([driver], max(0.0, state.now - when))
+    refused = _counter(
+        "refused", "Reports or device entries refused or altered, by reason.", ["driver", "reason"]
+    )
+    for (driver, reason), count in state.refused.items():
+        refused.add_metric([driver, reason], count)
+    yield from (reports, updates, age, refused)
+
+
+def _device_metrics(state: State) -> Iterator[core.Metric]:
+    devices = _gauge(
+        "devices", "Devices in the health cache by visible health.", ["driver", "health"]
+    )
+    for (driver, health), count in state.devices.items():
+        devices.add_metric([driver, health], count)
+    expiries = _counter("lease_expiries", "Devices turned Unknown when their lease ran out.", [])
+    expiries.add_metric([], state.lease_expiries)
+    yield devices
+    yield expiries
+
+
+def _writer_metrics(state: State) -> Iterator[core.Metric]:
+    writes = _counter("pod_writes", "Pod status writes by result.", ["result"])
+    for result, count in state.pod_writes.items():
+        writes.add_metric([result], count)
+    pending = _gauge("pending_pods", "Pods waiting for a status write.", [])
+    pending.add_metric([], state.pending_pods)
+    dropped = _gauge(
+        "api_field_dropped",
+        "1 when the API server drops allocatedResourcesStatus (ResourceHealthStatus gate off).",
+        [],
+    )
+    dropped.add_metric([], 1.0 if state.api_field_dropped else 0.0)
+    yield from (writes, pending, dropped)
+
+
+def _store_metrics(state: State) -> Iterator[core.Metric]:
+    degraded = _gauge(
+        "store_degraded", "1 while the state file cannot be written (serving from memory).", []
+    )
+    degraded.add_metric([], 1.0 if state.store_degraded else 0.0)
+    pending = _gauge("store_pending_records", "Health records waiting to be committed.", [])
+    pending.add_metric([], state.store_pending)
+    failures = _counter("store_errors", "Failed commits of the state file.", [])
+    failures.add_metric([], state.store_errors)
+    yield from (degraded, pending, failures)
+
+
+# -- the HTTP server -----------------------------------------------------------
+
+Readiness = Callable[[], Mapping[str, str]]
+"""Returns check name -> "ok" or the reason it is not ready."""
+
+
+class Server:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on one address, in a thread.
+
+    ``state`` and ``readiness`` are evaluated on ``loop`` (the pipeline's
+    event loop) so that they read consistent data; a loop that does not
+    answer within ``stall_after`` seconds makes ``/healthz`` fail.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        metrics: Metrics,
+        readiness: Readiness,
+        stall_after: float = 10.0,
+    ) -> None:
+        self.host, self.port = parse_address(address)
+        self._loop = loop
+        self.metrics = metrics
+        self._readiness = readiness
+        self.stall_after = stall_after
+        self.heartbeat = time.monotonic()
+        self._httpd: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> None:
+        handler = _handler_for(self)
+        try:
+            self._httpd = http.server.ThreadingHTTPServer((self.host, self.port), handler)
+        except OSError as exc:
+            raise errors.ConfigError(f"cannot listen on {self.address}: {exc}") from exc
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="metrics", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    async def beat(self, interval: float = 1.0) -> None:
+        """Run on the loop: proves to ``/healthz`` that the loop is turning."""
+        while True:
+            self.heartbeat = time.monotonic()
+            await asyncio.sleep(interval)
+
+    def stalled(self) -> bool:
+        return time.monotonic() - self.heartbeat > self.stall_after
+
+    def on_loop(self, fn: Callable[[], Any]) -> Any:
+        async def call() -> Any:
+            return fn()
+
+        future = asyncio.run_coroutine_threadsafe(call(), self._loop)
+        try:
+            return future.result(timeout=self.stall_after)
+        except concurrent.futures.TimeoutError as exc:
+            future.cancel()
+            raise errors.KubeletDraError("event loop did not answer") from exc
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise errors.ConfigError(f"metrics address must be HOST:PORT, got {address!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _handler_for(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            route = {"/metrics": _metrics, "/healthz": _healthz, "/readyz": _readyz}.get(path)
+            if route is None:
+                self._send(404, "text/plain", b"not found\n")
+                return
+            code, ctype, body = route(server)
+            self._send(code, ctype, body)
+
+        def _send(self, code: int, ctype: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            logger.debug("metrics server: " + format, *args)
+
+    return Handler
+
+
+def _metrics(server: Server) -> tuple[int, str, bytes]:
+    try:
+        body = server.on_loop(server.metrics.render)
+    except errors.KubeletDraError as exc:
+        return 503, "text/plain", f"{exc}\n".encode()
+    return 200, prometheus_client.CONTENT_TYPE_LATEST, body
+
+
+def _healthz(server: Server) -> tuple[int, str, bytes]:
+    if server.stalled():
+        return 503, "text/plain", b"event loop stalled\n"
+    return 200, "text/plain", b"ok\n"
+
+
+def _readyz(server: Server) -> tuple[int, str, bytes]:
+    try:
+        checks = dict(server.on_loop(server._readiness))
+    except errors.KubeletDraError as exc:
+        checks = {"loop": str(exc)}
+    ready = all(value == "ok" for value in checks.values())
+    body = json.dumps({"ready": ready, "checks": checks}, sort_keys=True).encode() + b"\n"
+    return (200 if ready else 503), "application/json", body
