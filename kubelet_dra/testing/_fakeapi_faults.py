@@ -78,8 +78,9 @@ class Fault:
         if self.retry_after is not None:
             details = {"retryAfterSeconds": self.retry_after}
             headers["Retry-After"] = str(self.retry_after)
-        return status.ApiError(status.status_body(self.code, reason, message, details),
-                               headers=headers)
+        return status.ApiError(
+            status.status_body(self.code, reason, message, details), headers=headers
+        )
 
 
 class Faults:

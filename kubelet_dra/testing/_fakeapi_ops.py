@@ -43,8 +43,9 @@ class Backend:
 
     # create / delete
 
-    def create(self, res: storage.Resource, namespace: str, body: Any, *,
-               keep_status: bool = False) -> Obj:
+    def create(
+        self, res: storage.Resource, namespace: str, body: Any, *, keep_status: bool = False
+    ) -> Obj:
         obj = _require_object(body)
         meta = obj.setdefault("metadata", {})
         if meta.get("namespace") not in (None, "", namespace):
@@ -53,8 +54,11 @@ class Backend:
                 "the request"
             )
         if not meta.get("name") and not meta.get("generateName"):
-            error = status.FieldError("metadata.name", "FieldValueRequired",
-                                      "Required value: name or generateName is required")
+            error = status.FieldError(
+                "metadata.name",
+                "FieldValueRequired",
+                "Required value: name or generateName is required",
+            )
             raise status.invalid(res.kind, "", [error])
         meta["namespace"] = namespace
         for key in ("uid", "resourceVersion", "creationTimestamp"):
@@ -64,8 +68,7 @@ class Backend:
             obj["status"] = _initial_status(res, obj)
         return self.store.create(res, obj)
 
-    def delete(self, res: storage.Resource, namespace: str, name: str,
-               options: Any = None) -> Obj:
+    def delete(self, res: storage.Resource, namespace: str, name: str, options: Any = None) -> Obj:
         pre = (options or {}).get("preconditions") or {} if isinstance(options, dict) else {}
 
         def check(current: Obj) -> None:
@@ -75,8 +78,15 @@ class Backend:
 
     # updates
 
-    def replace(self, res: storage.Resource, namespace: str, name: str, body: Any, *,
-                subresource: str | None) -> Obj:
+    def replace(
+        self,
+        res: storage.Resource,
+        namespace: str,
+        name: str,
+        body: Any,
+        *,
+        subresource: str | None,
+    ) -> Obj:
         obj = _require_object(body)
         meta = obj.get("metadata") or {}
         if meta.get("name") not in (None, name):
@@ -92,14 +102,26 @@ class Backend:
 
         return self.store.update(res, namespace, name, mutate)
 
-    def patch(self, res: storage.Resource, namespace: str, name: str, body: Any, *,
-              content_type: str, subresource: str | None) -> Obj:
+    def patch(
+        self,
+        res: storage.Resource,
+        namespace: str,
+        name: str,
+        body: Any,
+        *,
+        content_type: str,
+        subresource: str | None,
+    ) -> Obj:
         patcher = _PATCHERS.get(content_type)
         if patcher is None:
-            raise status.ApiError(status.status_body(
-                415, "UnsupportedMediaType",
-                f"the body of the request was in an unknown format - accepted media types "
-                f"include: {JSON_PATCH}, {MERGE_PATCH}, {STRATEGIC_PATCH}"))
+            raise status.ApiError(
+                status.status_body(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the body of the request was in an unknown format - accepted media types "
+                    f"include: {JSON_PATCH}, {MERGE_PATCH}, {STRATEGIC_PATCH}",
+                )
+            )
 
         def mutate(current: Obj) -> Obj:
             self._maybe_conflict_first(res, current, subresource)
@@ -110,8 +132,15 @@ class Backend:
 
         return self.store.update(res, namespace, name, mutate)
 
-    def set_status(self, res: storage.Resource, namespace: str, name: str,
-                   new_status: Obj, *, force: bool = False) -> Obj:
+    def set_status(
+        self,
+        res: storage.Resource,
+        namespace: str,
+        name: str,
+        new_status: Obj,
+        *,
+        force: bool = False,
+    ) -> Obj:
         """A trusted status replacement (kubelet-like), still gated and validated."""
 
         def mutate(current: Obj) -> Obj:
@@ -119,8 +148,7 @@ class Backend:
 
         return self.store.update(res, namespace, name, mutate, force=force)
 
-    def kubelet_write(self, namespace: str, name: str,
-                      compute: Callable[[Obj], list[Obj]]) -> Obj:
+    def kubelet_write(self, namespace: str, name: str, compute: Callable[[Obj], list[Obj]]) -> Obj:
         """Replace ``status.containerStatuses`` whole, as the kubelet's status manager does."""
 
         def mutate(current: Obj) -> Obj:
@@ -134,8 +162,9 @@ class Backend:
 
     # helpers
 
-    def _maybe_conflict_first(self, res: storage.Resource, current: Obj,
-                              subresource: str | None) -> None:
+    def _maybe_conflict_first(
+        self, res: storage.Resource, current: Obj, subresource: str | None
+    ) -> None:
         if not (self.conflict_first_write and res is storage.PODS and subresource == "status"):
             return
         uid = current["metadata"]["uid"]
@@ -145,8 +174,9 @@ class Backend:
             self._conflicted.add(uid)
         raise status.conflict(res.plural, current["metadata"]["name"])
 
-    def _compose(self, res: storage.Resource, current: Obj, proposed: Obj,
-                 subresource: str | None) -> Obj:
+    def _compose(
+        self, res: storage.Resource, current: Obj, proposed: Obj, subresource: str | None
+    ) -> Obj:
         if subresource == "status":
             new = copy.deepcopy(current)
             new["status"] = copy.deepcopy(proposed.get("status") or {})
@@ -165,8 +195,9 @@ class Backend:
 
     def _pod_status_rules(self, pod: Obj) -> None:
         pod_status = pod.setdefault("status", {})
-        status.drop_gated_fields(pod_status, health_gate=self.health_gate,
-                                 message_gate=self.message_gate)
+        status.drop_gated_fields(
+            pod_status, health_gate=self.health_gate, message_gate=self.message_gate
+        )
         errors = status.validate_pod_status(pod)
         if errors:
             raise status.invalid("Pod", pod["metadata"]["name"], errors)

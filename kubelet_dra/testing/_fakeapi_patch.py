@@ -72,8 +72,9 @@ def merge_patch(target: JSON, patch: JSON) -> JSON:
 def json_patch(doc: JSON, ops: JSON) -> JSON:
     """Apply RFC 6902 operations; errors carry the real server's codes (400 decode, 422 apply)."""
     if not isinstance(ops, list):
-        raise PatchError("json: cannot unmarshal object into Go value of type []jsonpatch.Operation",
-                         code=400)
+        raise PatchError(
+            "json: cannot unmarshal object into Go value of type []jsonpatch.Operation", code=400
+        )
     result = copy.deepcopy(doc)
     for op in ops:
         if not isinstance(op, dict) or not isinstance(op.get("op"), str):
@@ -117,7 +118,7 @@ def _child(node: JSON, part: str) -> JSON:
     return _MISSING
 
 
-def _get(doc: JSON, path: str, op: str) -> JSON:
+def _get(doc: JSON, path: Any, op: str) -> JSON:
     node = doc
     for part in _pointer(path):
         node = _child(node, part)
@@ -129,7 +130,7 @@ def _get(doc: JSON, path: str, op: str) -> JSON:
     return node
 
 
-def _remove(doc: JSON, path: str, op: str) -> JSON:
+def _remove(doc: JSON, path: Any, op: str) -> JSON:
     parts = _pointer(path)
     parent = _parent(doc, parts, op, path)
     value = _child(parent, parts[-1])
@@ -145,7 +146,7 @@ def _remove(doc: JSON, path: str, op: str) -> JSON:
     return value
 
 
-def _add(doc: JSON, path: str, value: JSON, op: str) -> JSON:
+def _add(doc: JSON, path: Any, value: JSON, op: str) -> JSON:
     parts = _pointer(path)
     if not parts:
         return copy.deepcopy(value)
@@ -216,7 +217,7 @@ def _merge_map(original: dict[str, Any], patch: dict[str, Any], path: tuple[str,
             doomed = value if isinstance(value, list) else []
             result[name] = [v for v in result.get(name) or [] if v not in doomed]
             continue
-        _merge_key(result, key, value, path + (key,))
+        _merge_key(result, key, value, (*path, key))
     _apply_set_orders(result, body, path)
     retain = body.get(_RETAIN_KEYS)
     if isinstance(retain, list):
@@ -244,8 +245,8 @@ def _merge_key(result: dict[str, Any], key: str, value: Any, path: tuple[str, ..
 
 
 def _merge_list(original: list[Any], patch: list[Any], path: tuple[str, ...]) -> list[Any]:
-    merge_key = _MERGE_KEYS.get(_schema_path(path))
-    if _schema_path(path) in _PRIMITIVE_MERGE:
+    merge_key = _MERGE_KEYS.get(path)
+    if path in _PRIMITIVE_MERGE:
         return list(original) + [v for v in patch if v not in original]
     if merge_key is None:
         return _strip_directives(patch)  # type: ignore[no-any-return]
@@ -253,7 +254,7 @@ def _merge_list(original: list[Any], patch: list[Any], path: tuple[str, ...]) ->
         return [_strip_directives(p) for p in patch if not _is_directive_only(p)]
     result = copy.deepcopy(original)
     for item in patch:
-        _merge_list_item(result, item, merge_key, path + ("[]",))
+        _merge_list_item(result, item, merge_key, (*path, "[]"))
     return result
 
 
@@ -261,8 +262,11 @@ def _merge_list_item(result: list[Any], item: Any, merge_key: str, path: tuple[s
     if not isinstance(item, dict) or merge_key not in item:
         raise PatchError(f"map: {item} does not contain declared merge key: {merge_key}", code=400)
     index = next(
-        (i for i, old in enumerate(result) if isinstance(old, dict)
-         and old.get(merge_key) == item[merge_key]),
+        (
+            i
+            for i, old in enumerate(result)
+            if isinstance(old, dict) and old.get(merge_key) == item[merge_key]
+        ),
         None,
     )
     if item.get(_DIRECTIVE) == "delete":
@@ -284,7 +288,7 @@ def _apply_set_orders(result: dict[str, Any], body: dict[str, Any], path: tuple[
         items = result.get(name)
         if not isinstance(items, list):
             continue
-        merge_key = _MERGE_KEYS.get(_schema_path(path + (name,)))
+        merge_key = _MERGE_KEYS.get((*path, name))
         ids = [o.get(merge_key) if merge_key and isinstance(o, dict) else o for o in order]
 
         def rank(item: Any, ids: list[Any] = ids, merge_key: str | None = merge_key) -> int:
@@ -294,21 +298,13 @@ def _apply_set_orders(result: dict[str, Any], body: dict[str, Any], path: tuple[
         result[name] = sorted(items, key=rank)
 
 
-def _schema_path(path: tuple[str, ...]) -> tuple[str, ...]:
-    return path
-
-
 def _is_directive_only(item: Any) -> bool:
     return isinstance(item, dict) and set(item) == {_DIRECTIVE}
 
 
 def _strip_directives(value: Any) -> Any:
     if isinstance(value, dict):
-        return {
-            k: _strip_directives(v)
-            for k, v in value.items()
-            if not k.startswith("$")
-        }
+        return {k: _strip_directives(v) for k, v in value.items() if not k.startswith("$")}
     if isinstance(value, list):
         return [_strip_directives(v) for v in value if not _is_directive_only(v)]
     return copy.deepcopy(value)

@@ -50,15 +50,20 @@ def status_body(
 
 def not_found(resource: str, name: str) -> ApiError:
     return ApiError(
-        status_body(404, "NotFound", f'{resource} "{name}" not found',
-                    {"name": name, "kind": resource})
+        status_body(
+            404, "NotFound", f'{resource} "{name}" not found', {"name": name, "kind": resource}
+        )
     )
 
 
 def already_exists(resource: str, name: str) -> ApiError:
     return ApiError(
-        status_body(409, "AlreadyExists", f'{resource} "{name}" already exists',
-                    {"name": name, "kind": resource})
+        status_body(
+            409,
+            "AlreadyExists",
+            f'{resource} "{name}" already exists',
+            {"name": name, "kind": resource},
+        )
     )
 
 
@@ -89,8 +94,12 @@ def unprocessable_patch(cause: str) -> ApiError:
     # NewGenericServerResponse(422, ...) as used by the patch handler when a JSON patch fails.
     details = {"causes": [{"reason": "UnexpectedServerResponse", "message": cause}]}
     return ApiError(
-        status_body(422, "Invalid",
-                    "the server rejected our request due to an error in our request", details)
+        status_body(
+            422,
+            "Invalid",
+            "the server rejected our request due to an error in our request",
+            details,
+        )
     )
 
 

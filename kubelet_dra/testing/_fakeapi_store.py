@@ -37,22 +37,50 @@ class Resource:
 
 _META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
 POD_FIELDS = _META_FIELDS | {
-    "spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
-    "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName",
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
 }
 EVENT_FIELDS = _META_FIELDS | {
-    "involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
-    "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
-    "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type",
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
 }
 
 PODS = Resource("pods", "pods", "Pod", "v1", True, POD_FIELDS)
-CLAIMS = Resource("resourceclaims", "resourceclaims", "ResourceClaim", "resource.k8s.io/v1",
-                  True, _META_FIELDS)
+CLAIMS = Resource(
+    "resourceclaims", "resourceclaims", "ResourceClaim", "resource.k8s.io/v1", True, _META_FIELDS
+)
 EVENTS = Resource("events", "events", "Event", "v1", False, EVENT_FIELDS)
-EVENTS_V1 = Resource("events.k8s.io/events", "events", "Event", "events.k8s.io/v1", False,
-                     _META_FIELDS | {"reason", "type", "regarding.kind", "regarding.name",
-                                     "regarding.namespace", "reportingController"})
+EVENTS_V1 = Resource(
+    "events.k8s.io/events",
+    "events",
+    "Event",
+    "events.k8s.io/v1",
+    False,
+    _META_FIELDS
+    | {
+        "reason",
+        "type",
+        "regarding.kind",
+        "regarding.name",
+        "regarding.namespace",
+        "reportingController",
+    },
+)
 RESOURCES = (PODS, CLAIMS, EVENTS, EVENTS_V1)
 
 
@@ -153,6 +181,7 @@ class Store:
         self.rv = first_rv
         self.history_limit = history_limit
         self.generation = 0  # bumped to end all open watches
+        self.bookmark_epoch = 0  # bumped to make every open watch send a bookmark now
         self._objects: dict[str, dict[tuple[str, str], Obj]] = {r.key: {} for r in RESOURCES}
         self._history: list[Change] = []
         self._history_rvs: list[int] = []
@@ -167,13 +196,13 @@ class Store:
                 raise status.not_found(resource.plural, name)
             return copy.deepcopy(obj)
 
-    def list(self, resource: Resource, namespace: str | None, selector: Selector) -> tuple[
-        list[Obj], int
-    ]:
+    def select(
+        self, resource: Resource, namespace: str | None, selector: Selector
+    ) -> tuple[list[Obj], int]:
         with self.cond:
-            return self._select(resource, namespace, selector), self.rv
+            return self._matching(resource, namespace, selector), self.rv
 
-    def _select(self, resource: Resource, namespace: str | None, selector: Selector) -> list[Obj]:
+    def _matching(self, resource: Resource, namespace: str | None, selector: Selector) -> list[Obj]:
         items = sorted(self._objects[resource.key].items())
         return [
             copy.deepcopy(obj)
@@ -218,8 +247,13 @@ class Store:
             self._commit(resource, (namespace, name), new, "MODIFIED", current)
             return copy.deepcopy(new)
 
-    def delete(self, resource: Resource, namespace: str, name: str,
-               check: Callable[[Obj], None] | None = None) -> Obj:
+    def delete(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        check: Callable[[Obj], None] | None = None,
+    ) -> Obj:
         with self.cond:
             current = self._objects[resource.key].get((namespace, name))
             if current is None:
@@ -233,8 +267,9 @@ class Store:
             self._record(Change("DELETED", resource.key, self.rv, gone, current))
             return copy.deepcopy(gone)
 
-    def _commit(self, resource: Resource, key: tuple[str, str], obj: Obj, kind: str,
-                prev: Obj | None) -> None:
+    def _commit(
+        self, resource: Resource, key: tuple[str, str], obj: Obj, kind: str, prev: Obj | None
+    ) -> None:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
         self._objects[resource.key][key] = obj
@@ -263,6 +298,11 @@ class Store:
             self.generation += 1
             self.cond.notify_all()
 
+    def request_bookmarks(self) -> None:
+        with self.cond:
+            self.bookmark_epoch += 1
+            self.cond.notify_all()
+
     def changes_after(self, resource: Resource, rv: int) -> list[Change]:
         """Changes of one resource after ``rv``; caller holds ``cond``."""
         if rv < self._oldest_rv:
@@ -270,7 +310,8 @@ class Store:
         start = bisect.bisect_right(self._history_rvs, rv)
         return [c for c in self._history[start:] if c.resource == resource.key]
 
-    def snapshot(self, resource: Resource, namespace: str | None,
-                 selector: Selector) -> Iterator[Obj]:
+    def snapshot(
+        self, resource: Resource, namespace: str | None, selector: Selector
+    ) -> Iterator[Obj]:
         """Current objects for a watch's initial ADDED events; caller holds ``cond``."""
-        yield from self._select(resource, namespace, selector)
+        yield from self._matching(resource, namespace, selector)
