@@ -133,7 +133,14 @@ def plugin_info_from_proto(info: reg_pb2.PluginInfo, socket: str) -> PluginInfo:
 
 
 class _Retryable(errors.RegistrationError):
-    """A failure a later attempt can cure (no server yet, timeout, transient error)."""
+    """A failure a later attempt can cure (no server yet, timeout, transient error).
+
+    ``kind`` (the gRPC code) keys the log-once set, since details vary per attempt.
+    """
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 async def fetch_plugin_info(socket: str, *, role: settings_mod.Role, timeout: float) -> PluginInfo:
@@ -143,7 +150,8 @@ async def fetch_plugin_info(socket: str, *, role: settings_mod.Role, timeout: fl
         try:
             answer = await stub.GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            raise _Retryable(f"GetInfo failed: {exc.code().name}: {exc.details()}") from exc
+            code = exc.code().name
+            raise _Retryable(f"GetInfo failed: {code}: {exc.details()}", kind=code) from exc
         try:
             info = plugin_info_from_proto(answer, socket)
         except errors.RegistrationError as exc:
@@ -227,6 +235,7 @@ class RegistryWatcher:
         if self.directory is not None:
             self.directory.mkdir(mode=0o755, parents=True, exist_ok=True)
             await self.scan_once()
+            await self._settle_initial()
             self._task = asyncio.create_task(self._loop(), name="registry-watcher")
 
     async def close(self) -> None:
@@ -236,6 +245,14 @@ class RegistryWatcher:
             self._task = None
         for entry in self._sockets.values():
             _cancel(entry)
+
+    async def _settle_initial(self) -> None:
+        # Sockets present at start-up are registered before start() returns,
+        # so a caller's first view already holds the running drivers.
+        pending = [e.task for e in self._sockets.values() if e.task is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=self._settings.get_info_timeout + NOTIFY_TIMEOUT)
+            await self._harvest()
 
     async def _loop(self) -> None:
         # The scan cadence is real time (the filesystem changes in real
@@ -345,7 +362,7 @@ class RegistryWatcher:
                 self._failed(path, entry, exc)
                 continue
             except Exception as exc:  # a bug or an unexpected grpc error: retry
-                self._failed(path, entry, _Retryable(f"unexpected error: {exc!r}"))
+                self._failed(path, entry, _Retryable(f"unexpected error: {exc!r}", kind="bug"))
                 continue
             entry.info, entry.attempts = info, 0
             self.failures.pop(path, None)
@@ -360,7 +377,7 @@ class RegistryWatcher:
 
     def _failed(self, path: str, entry: _Socket, exc: errors.RegistrationError) -> None:
         self.failures[path] = str(exc)
-        self._log_once(path, str(exc))
+        self._log_once(path, str(exc), key=getattr(exc, "kind", str(exc)))
         if not isinstance(exc, _Retryable):
             entry.parked = True  # its answers will not change until the socket does
             return
@@ -386,9 +403,9 @@ class RegistryWatcher:
         except Exception:
             logger.exception("handling %s of driver %s failed", kind, plugin.driver)
 
-    def _log_once(self, path: str, reason: str) -> None:
-        if (path, reason) not in self._logged:
-            self._logged.add((path, reason))
+    def _log_once(self, path: str, reason: str, *, key: str | None = None) -> None:
+        if (path, key or reason) not in self._logged:
+            self._logged.add((path, key or reason))
             logger.warning("ignoring plugin socket %s: %s", _printable(path), reason)
 
 
