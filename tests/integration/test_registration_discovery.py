@@ -88,9 +88,9 @@ async def test_new_removed_and_recreated_sockets(registry: pathlib.Path) -> None
 
 
 async def test_empty_endpoint_means_the_registration_socket(registry: pathlib.Path) -> None:
-    async with fakedriver.FakeDriver(registry=registry, empty_endpoint=True) as drv:
-        async with watching(registry) as (_, events):
-            assert events.events[0].plugin.endpoint == str(drv.registration_socket)
+    driver = fakedriver.FakeDriver(registry=registry, empty_endpoint=True)
+    async with driver as drv, watching(registry) as (_, events):
+        assert events.events[0].plugin.endpoint == str(drv.registration_socket)
 
 
 async def test_hidden_and_non_socket_files_are_ignored(registry: pathlib.Path) -> None:
@@ -118,16 +118,16 @@ async def test_invalid_plugins_are_refused_once_and_told_so_by_an_owner(
     registry: pathlib.Path, kwargs: dict[str, object], reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = clock.FakeClock()
-    async with fakedriver.FakeDriver(registry=registry, **kwargs) as drv:  # type: ignore[arg-type]
-        async with watching(registry, role=OWNER, clk=fake) as (watcher, events):
-            await wait_until(lambda: str(drv.registration_socket) in watcher.failures)
-            assert reason in watcher.failures[str(drv.registration_socket)]
-            fake.advance(3600)
-            for _ in range(5):
-                await watcher.scan_once()
-            assert drv.calls["GetInfo"] == 1  # parked: its answer will not change
-            assert events.events == []
-            assert drv.notifications[0][0] is False and reason in drv.notifications[0][1]
+    driver = fakedriver.FakeDriver(registry=registry, **kwargs)  # type: ignore[arg-type]
+    async with driver as drv, watching(registry, role=OWNER, clk=fake) as (watcher, events):
+        await wait_until(lambda: str(drv.registration_socket) in watcher.failures)
+        assert reason in watcher.failures[str(drv.registration_socket)]
+        fake.advance(3600)
+        for _ in range(5):
+            await watcher.scan_once()
+        assert drv.calls["GetInfo"] == 1  # parked: its answer will not change
+        assert events.events == []
+        assert drv.notifications[0][0] is False and reason in drv.notifications[0][1]
     assert sum(reason in r.getMessage() for r in caplog.records) == 1
 
 
@@ -204,10 +204,10 @@ async def test_name_that_is_not_utf8_is_ignored(
 ) -> None:
     sock = bound_socket(os.fsencode(registry) + b"/bad-\xff.sock", listen=True)
     try:
-        async with fakedriver.FakeDriver(registry=registry) as drv:
-            async with watching(registry) as (watcher, events):
-                await watcher.scan_once()
-                assert [e.plugin.driver for e in events.events] == [drv.name]
+        driver = fakedriver.FakeDriver(registry=registry)
+        async with driver as drv, watching(registry) as (watcher, events):
+            await watcher.scan_once()
+            assert [e.plugin.driver for e in events.events] == [drv.name]
     finally:
         sock.close()
     assert sum("not valid UTF-8" in r.getMessage() for r in caplog.records) == 1
