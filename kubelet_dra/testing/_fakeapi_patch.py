@@ -11,6 +11,7 @@ which is what the real server does for ``+listType=atomic`` lists such as
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 JSON = Any
@@ -183,10 +184,15 @@ def _apply_op(doc: JSON, op: dict[str, Any]) -> JSON:
         return _add(doc, path, _get(doc, op.get("from"), "copy"), "copy")
     if kind == "test":
         # evanphx/json-patch wording, which the apiserver passes through as the cause message.
-        if _get(doc, path, "test") != op.get("value"):
+        if not _json_equal(_get(doc, path, "test"), op.get("value")):
             raise PatchError(f"testing value {path} failed: test failed", code=422)
         return doc
     raise PatchError(f"Unexpected kind: {kind}", code=422)
+
+
+def _json_equal(a: JSON, b: JSON) -> bool:
+    # Python's == says True == 1; JSON does not.
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 # --- strategic merge patch -------------------------------------------------------------------
