@@ -1,0 +1,17 @@
+"""The public test kit: a real DRA driver and an API-server stand-in.
+
+- :class:`FakeDriver`: registration socket, DRA service and a scriptable
+  health service (v1, v1alpha1, both, none, or UNIMPLEMENTED) over real gRPC
+  on unix sockets; also runnable as ``kubelet-dra-health fake-driver``.
+- :class:`FakeApiServer`: a real HTTP server the official ``kubernetes``
+  client talks to, with the API's patch semantics, resourceVersion conflicts,
+  watches and fault injection.
+
+Our own integration tests, the demo and the benchmarks use exactly these, so
+other projects can test their node agents and kubelets with them too.
+"""
+
+from kubelet_dra.testing.fakeapi import FakeApiServer, make_claim, make_pod
+from kubelet_dra.testing.fakedriver import FakeDriver
+
+__all__ = ["FakeApiServer", "FakeDriver", "make_claim", "make_pod"]
