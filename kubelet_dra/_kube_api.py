@@ -1,0 +1,249 @@
+"""Blocking calls to the Kubernetes API on plain JSON, errors translated.
+
+Private half of ``kube``: the only other module importing ``kubernetes``.
+Every call asks the official client for the raw response
+(``_preload_content=False``) and decodes the JSON itself, so no ``V1Pod``
+ever exists and fields the client's models do not know (a newer API's
+``allocatedResourcesStatus.message``, say) survive untouched.
+
+Client exceptions become :class:`CallError` (an ``errors.ApiError`` with the
+HTTP status, ``None`` for a lost connection, and ``Retry-After`` when the
+server sent one); a 404 on a pod becomes ``errors.PodGone``. The callers in
+``kube`` run these through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import kubernetes.client
+import kubernetes.config
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
+
+from kubelet_dra import errors
+
+logger = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+STRATEGIC = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+FIELD_MANAGER = "kubelet-dra-health"
+_TIMEOUT = (5.0, 30.0)  # connect, read: a hung server must not hang a writer forever
+
+
+class CallError(errors.ApiError):
+    """An API call failed; ``status`` is ``None`` when the connection was lost."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, status=status)
+        self.retry_after = retry_after
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying: connection loss, 429 or 5xx."""
+        return self.status is None or self.status == 429 or self.status >= 500
+
+
+class Gone(CallError):
+    """A watch's resourceVersion is too old (410): list again."""
+
+
+def load_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
+    """A client from a kubeconfig file, else the in-cluster service account."""
+    try:
+        if kubeconfig:
+            config = kubernetes.client.Configuration()
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=config
+            )
+        else:
+            config = kubernetes.client.Configuration()
+            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=config
+            )
+    except (kubernetes.config.ConfigException, OSError) as exc:
+        raise errors.ConfigError(f"cannot load Kubernetes credentials: {exc}") from exc
+    return kubernetes.client.ApiClient(config)
+
+
+class Api:
+    """The handful of calls a node's device-health reporter makes."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self.client = client
+        self._core = kubernetes.client.CoreV1Api(client)
+        self._resource = kubernetes.client.ResourceV1Api(client)
+        self.calls = 0  # every request sent, watches included (the node-load test reads it)
+
+    # -- pods ----------------------------------------------------------------
+
+    def list_node_pods(self, node: str) -> Obj:
+        return self._call(
+            f"list pods on node {node}",
+            lambda: self._core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            ),
+        )  # fmt: skip
+
+    def watch_node_pods(
+        self, node: str, resource_version: str, *, timeout: int, on_open: Callable[[Any], None]
+    ) -> Iterator[Obj]:
+        """Events of the node's pods after ``resource_version`` (bookmarks included)."""
+        return self._watch(
+            f"watch pods on node {node}",
+            lambda: self._core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", watch=True,
+                resource_version=resource_version, allow_watch_bookmarks=True,
+                timeout_seconds=timeout, _preload_content=False,
+                _request_timeout=(_TIMEOUT[0], timeout + 30),
+            ),
+            on_open,
+        )  # fmt: skip
+
+    def get_pod(self, namespace: str, name: str) -> Obj:
+        return self._call(
+            f"get pod {namespace}/{name}",
+            lambda: self._core.read_namespaced_pod_status(
+                name, namespace, _preload_content=False, _request_timeout=_TIMEOUT
+            ),
+            pod=True,
+        )
+
+    def patch_pod_status(self, namespace: str, name: str, body: Obj) -> Obj:
+        """A strategic-merge patch of ``pods/<name>/status`` (preconditions in metadata)."""
+        return self._call(
+            f"patch status of pod {namespace}/{name}",
+            lambda: self._core.patch_namespaced_pod_status(
+                name, namespace, body, field_manager=FIELD_MANAGER, _content_type=STRATEGIC,
+                _preload_content=False, _request_timeout=_TIMEOUT,
+            ),
+            pod=True,
+        )  # fmt: skip
+
+    # -- claims --------------------------------------------------------------
+
+    def get_claim(self, namespace: str, name: str) -> Obj:
+        return self._call(
+            f"get ResourceClaim {namespace}/{name}",
+            lambda: self._resource.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=_TIMEOUT
+            ),
+        )
+
+    # -- events --------------------------------------------------------------
+
+    def create_event(self, namespace: str, body: Any) -> Obj:
+        return self._call(
+            f"create event in {namespace}",
+            lambda: self._core.create_namespaced_event(
+                namespace, body, _preload_content=False, _request_timeout=_TIMEOUT
+            ),
+        )
+
+    def patch_event(self, namespace: str, name: str, body: Obj) -> Obj:
+        return self._call(
+            f"update event {namespace}/{name}",
+            lambda: self._core.patch_namespaced_event(
+                name, namespace, body, _content_type=MERGE, _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            ),
+        )  # fmt: skip
+
+    # -- internals -----------------------------------------------------------
+
+    def _call(self, what: str, send: Callable[[], Any], *, pod: bool = False) -> Obj:
+        self.calls += 1
+        try:
+            response = send()
+            data: Obj = json.loads(response.data or b"{}")
+            return data
+        except ApiException as exc:
+            raise _translate(what, exc, pod=pod) from exc
+        except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            raise CallError(f"{what}: connection lost ({exc})") from exc
+
+    def _watch(
+        self, what: str, open_: Callable[[], Any], on_open: Callable[[Any], None]
+    ) -> Iterator[Obj]:
+        self.calls += 1
+        try:
+            response = open_()
+        except ApiException as exc:
+            raise _translate(what, exc) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise CallError(f"{what}: connection lost ({exc})") from exc
+        on_open(response)
+        try:
+            yield from _events(what, response)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise CallError(f"{what}: connection lost ({exc})") from exc
+        finally:
+            response.release_conn()
+
+
+def close_response(response: Any) -> None:
+    """Unblock a thread reading a watch (called from another thread on shutdown)."""
+    try:
+        sock = getattr(getattr(response, "connection", None), "sock", None)
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+        response.close()
+    except (OSError, AttributeError):
+        logger.debug("closing a watch failed", exc_info=True)
+
+
+def _events(what: str, response: Any) -> Iterator[Obj]:
+    buffer = b""
+    for chunk in response.stream(amt=None, decode_content=True):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield _event(what, line)
+    if buffer.strip():
+        yield _event(what, buffer)
+
+
+def _event(what: str, line: bytes) -> Obj:
+    event: Obj = json.loads(line)
+    if event.get("type") == "ERROR":
+        obj = event.get("object") or {}
+        code = obj.get("code")
+        cls = Gone if code == 410 else CallError
+        raise cls(f"{what}: {obj.get('reason')}: {obj.get('message')}", status=code)
+    return event
+
+
+def _translate(what: str, exc: ApiException, *, pod: bool = False) -> errors.ApiError:
+    status = int(exc.status) if exc.status else None
+    message = f"{what}: HTTP {status} {_reason(exc)}"
+    if pod and status == 404:
+        return errors.PodGone(message, status=404)
+    if status == 410:
+        return Gone(message, status=410)
+    return CallError(message, status=status, retry_after=_retry_after(exc))
+
+
+def _reason(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    headers = exc.headers or {}
+    value = headers.get("Retry-After") or headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

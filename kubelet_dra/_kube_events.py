@@ -1,0 +1,169 @@
+"""Kubernetes Events for device-health transitions, rate-limited and aggregated.
+
+Private half of ``kube``. Mirrors what client-go's ``EventCorrelator`` gives
+the kubelet's recorder: repeats of one event series (same object, same
+reason) within ``interval`` become one Event whose ``count`` and
+``lastTimestamp`` are updated, at most one request per series per interval.
+The latest message wins, as in client-go's aggregation of similar events.
+Events are best effort: a failed send is retried at the next flush only if
+the failure was transient.
+
+The recorder holds no client: :meth:`EventRecorder.flush` takes the send
+functions, so it is driven by the status writer's loop and its token bucket.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kubelet_dra import clock as clock_mod
+from kubelet_dra import podstatus
+
+logger = logging.getLogger(__name__)
+
+COMPONENT = "kubelet-dra-health"
+DEVICE_UNHEALTHY = "DeviceUnhealthy"
+DEVICE_HEALTHY = "DeviceHealthy"
+DEVICE_HEALTH_UNKNOWN = "DeviceHealthUnknown"
+Obj = dict[str, Any]
+Create = Callable[[str, Obj], Awaitable[Obj]]
+Patch = Callable[[str, str, Obj], Awaitable[Obj]]
+
+
+@dataclasses.dataclass(slots=True)
+class _Series:
+    involved: Obj
+    reason: str
+    kind: str  # Normal or Warning
+    message: str
+    first: float
+    count: int = 0  # occurrences recorded
+    sent_count: int = 0  # what the API object says
+    name: str = ""  # the Event object, once created
+    last_sent: float | None = None
+
+
+class EventRecorder:
+    """Collects event occurrences; :meth:`flush` sends what is due."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        clock: clock_mod.Clock,
+        interval: float = 60.0,
+        max_series: int = 10_000,
+    ) -> None:
+        self.node = node
+        self.interval = interval
+        self._clock = clock
+        self._max = max_series
+        self._series: collections.OrderedDict[tuple[str, str], _Series] = collections.OrderedDict()
+        self.sent = 0  # API requests made (creates + updates)
+        self.recorded = 0  # occurrences recorded
+
+    def record(self, involved: Obj, reason: str, message: str, *, kind: str = "Warning") -> None:
+        """One occurrence; sent now or folded into the series' next update."""
+        key = (str(involved.get("uid") or involved.get("name")), reason)
+        series = self._series.get(key)
+        if series is None:
+            series = _Series(involved, reason, kind, message, self._clock.now())
+            self._series[key] = series
+            self._evict()
+        series.count += 1
+        series.message = message
+        self._series.move_to_end(key)
+        self.recorded += 1
+
+    def pending(self) -> int:
+        return sum(1 for s in self._series.values() if s.count > s.sent_count)
+
+    async def flush(self, create: Create, patch: Patch) -> None:
+        """Send every series with unsent occurrences whose interval has passed."""
+        now = self._clock.now()
+        for series in list(self._series.values()):
+            if series.count == series.sent_count:
+                continue
+            if series.last_sent is not None and now - series.last_sent < self.interval:
+                continue
+            await self._send(series, now, create, patch)
+
+    async def _send(self, series: _Series, now: float, create: Create, patch: Patch) -> None:
+        namespace = str(series.involved.get("namespace") or "default")
+        try:
+            if series.name:
+                await patch(namespace, series.name, self._update_body(series, now))
+            else:
+                body = self._create_body(series, now)
+                await create(namespace, body)
+                series.name = body["metadata"]["name"]
+        except Exception as exc:
+            transient = getattr(exc, "transient", False)
+            logger.log(
+                logging.DEBUG if transient else logging.WARNING,
+                "Event %s for %s not sent: %s", series.reason, _describe(series.involved), exc,
+            )  # fmt: skip
+            if not transient:
+                series.sent_count = series.count  # give this occurrence up
+            return
+        self.sent += 1
+        series.sent_count = series.count
+        series.last_sent = now
+
+    def _create_body(self, series: _Series, now: float) -> Obj:
+        stamp = podstatus.rfc3339(now)
+        digest = hashlib.sha256(
+            f"{series.involved.get('uid')}/{series.reason}/{series.first}".encode()
+        ).hexdigest()[:16]
+        return {
+            "metadata": {
+                "name": f"{series.involved.get('name')}.{digest}",
+                "namespace": series.involved.get("namespace") or "default",
+            },
+            "involvedObject": series.involved,
+            "reason": series.reason,
+            "message": series.message,
+            "type": series.kind,
+            "count": series.count,
+            "firstTimestamp": podstatus.rfc3339(series.first),
+            "lastTimestamp": stamp,
+            "source": {"component": COMPONENT, "host": self.node},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.node,
+        }
+
+    def _update_body(self, series: _Series, now: float) -> Obj:
+        return {
+            "count": series.count,
+            "message": series.message,
+            "lastTimestamp": podstatus.rfc3339(now),
+        }
+
+    def _evict(self) -> None:
+        while len(self._series) > self._max:
+            self._series.popitem(last=False)
+
+
+def pod_ref(pod: Obj) -> Obj:
+    meta = pod.get("metadata") or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace") or "default",
+        "uid": meta.get("uid"),
+    }
+
+
+def node_ref(node: str) -> Obj:
+    # Node events live in "default", as the kubelet's do.
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "namespace": "default", "uid": node}
+
+
+def _describe(involved: Obj) -> str:
+    return f"{involved.get('kind')} {involved.get('namespace')}/{involved.get('name')}"

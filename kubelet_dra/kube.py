@@ -1,0 +1,265 @@
+"""The Kubernetes side: the node's pods and their claims in, pod status and Events out.
+
+The only public module that talks to the API (with its private halves
+``_kube_api``, ``_kube_writer`` and ``_kube_events``, the only other modules
+importing ``kubernetes``). Kubelet counterparts: the pod manager's view of the
+node's pods, the status manager with ``pkg/util/pod`` ``PatchPodStatus``,
+and the event recorder.
+
+:class:`NodePods` lists and watches the pods with ``spec.nodeName=<node>``
+(field selector; 410 Gone relists) and feeds them to the claim index and the
+status writer. For each claim those pods reference it GETs that one
+ResourceClaim, retrying while it is missing or not allocated yet. There is no
+cluster-wide claim list or watch: the API load of a node grows with its own
+pods only. No per-claim watch is needed either: a claim reserved for a pod
+that runs on this node cannot change its allocation until the pod is gone,
+and a pod that references a new claim arrives through the pod watch.
+
+:class:`StatusWriter` (``_kube_writer``) turns dirty pods into status
+patches; :func:`expire_leases` turns lease deadlines of the health cache into
+dirty pods at the deadline. Wiring, as the manager does it::
+
+    api = kube.Api(kube.load_client(settings.kubeconfig))
+    writer = kube.StatusWriter(api=api, node_name=node, index=index,
+                               health=cache.get, config=settings, clock=clock)
+    pods = kube.NodePods(api=api, node_name=node, index=index, writer=writer,
+                         clock=clock)
+    # health reports: changed = cache.update(...);
+    #                 writer.mark_dirty(index.pods_for_devices(changed))
+    # tasks: writer.run(), pods.run(), kube.expire_leases(...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kubelet_dra import _kube_api, _kube_events, _kube_writer, claims, errors, healthinfo
+from kubelet_dra import clock as clock_mod
+
+logger = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+# Public names of the private halves.
+Api = _kube_api.Api
+CallError = _kube_api.CallError
+load_client = _kube_api.load_client
+StatusWriter = _kube_writer.StatusWriter
+WriterStats = _kube_writer.WriterStats
+TokenBucket = _kube_writer.TokenBucket
+EventRecorder = _kube_events.EventRecorder
+
+_DONE = object()
+
+
+class NodePods:
+    """The node's pods (list + watch) and the claims they reference (GET each)."""
+
+    def __init__(
+        self,
+        *,
+        api: _kube_api.Api,
+        node_name: str,
+        index: claims.ClaimIndex,
+        writer: _kube_writer.StatusWriter,
+        clock: clock_mod.Clock,
+        limiter: _kube_writer.TokenBucket | None = None,
+        watch_timeout: int = 300,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+    ) -> None:
+        self.node = node_name
+        self.pods_synced = False
+        self._api, self._index, self._writer, self._clock = api, index, writer, clock
+        self._limiter = limiter
+        self._watch_timeout = watch_timeout
+        self._backoff = (backoff_initial, backoff_max)
+        self._pods: dict[str, Obj] = {}
+        self._claim_tasks: dict[claims.ClaimKey, asyncio.Task[None]] = {}
+        self._fetched: set[claims.ClaimKey] = set()
+
+    @property
+    def claims_synced(self) -> bool:
+        """Every claim the node's pods reference has been read at least once."""
+        return self.pods_synced and self._index.referenced_claims() <= self._fetched
+
+    def get(self, uid: str) -> Obj | None:
+        return self._pods.get(uid)
+
+    async def run(self) -> None:
+        """List and watch forever; reconnect with backoff, relist on 410."""
+        delay = self._backoff[0]
+        try:
+            while True:
+                try:
+                    rv = await self._relist()
+                    delay = self._backoff[0]
+                    while True:
+                        rv = await self._watch(rv)
+                except _kube_api.Gone:
+                    logger.info("Pod watch on node %s expired; listing again", self.node)
+                except errors.ApiError as exc:
+                    logger.warning("Pod watch on node %s failed: %s", self.node, exc)
+                    await self._clock.sleep(delay)
+                    delay = min(delay * 2, self._backoff[1])
+        finally:
+            for task in self._claim_tasks.values():
+                task.cancel()
+
+    # -- pods ----------------------------------------------------------------
+
+    async def _relist(self) -> str:
+        if self._limiter is not None:
+            await self._limiter.acquire()
+        listed = await asyncio.to_thread(self._api.list_node_pods, self.node)
+        items = listed.get("items") or []
+        present = {str(p["metadata"]["uid"]) for p in items}
+        for uid in set(self._pods) - present:
+            self._remove(uid)
+        for pod in items:
+            self._upsert(pod)
+        self.pods_synced = True
+        return str((listed.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _watch(self, rv: str) -> str:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        opened: list[Any] = []
+        thread = threading.Thread(
+            target=self._pump, args=(loop, queue, rv, opened), daemon=True,
+            name=f"pod-watch-{self.node}",
+        )  # fmt: skip
+        thread.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    return rv
+                if isinstance(item, BaseException):
+                    raise item
+                rv = self._apply(item) or rv
+        finally:
+            for response in opened:
+                _kube_api.close_response(response)
+
+    def _pump(
+        self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], rv: str,
+        opened: list[Any],
+    ) -> None:  # fmt: skip
+        def put(item: Any) -> None:
+            # RuntimeError: the loop is gone, we are shutting down.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        try:
+            events = self._api.watch_node_pods(
+                self.node, rv, timeout=self._watch_timeout, on_open=opened.append
+            )
+            for event in events:
+                put(event)
+            put(_DONE)
+        except Exception as exc:
+            put(exc)
+
+    def _apply(self, event: Obj) -> str:
+        obj = event.get("object") or {}
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        kind = event.get("type")
+        if kind in ("ADDED", "MODIFIED"):
+            self._upsert(obj)
+        elif kind == "DELETED":
+            self._remove(str((obj.get("metadata") or {}).get("uid", "")))
+        return rv
+
+    def _upsert(self, pod: Obj) -> None:
+        uid = str(pod["metadata"]["uid"])
+        if (pod.get("spec") or {}).get("nodeName") != self.node:
+            self._remove(uid)  # not ours (a stale event): never indexed, never written
+            return
+        self._pods[uid] = pod
+        delta = self._index.set_pod(pod)
+        self._writer.pod_updated(pod)
+        self._claims_changed(delta)
+
+    def _remove(self, uid: str) -> None:
+        if self._pods.pop(uid, None) is None:
+            return
+        delta = self._index.remove_pod(uid)
+        self._writer.pod_deleted(uid)
+        self._claims_changed(delta)
+
+    # -- claims --------------------------------------------------------------
+
+    def _claims_changed(self, delta: claims.Delta) -> None:
+        for key in delta.claims_removed:
+            task = self._claim_tasks.pop(key, None)
+            if task is not None:
+                task.cancel()
+            self._fetched.discard(key)
+        for key in delta.claims_added:
+            if key not in self._claim_tasks:
+                self._claim_tasks[key] = asyncio.get_running_loop().create_task(
+                    self._fetch_claim(key), name=f"claim-{key}"
+                )
+
+    async def _fetch_claim(self, key: claims.ClaimKey) -> None:
+        """GET one claim until it is allocated (or no pod references it any more)."""
+        delay = self._backoff[0]
+        try:
+            while key in self._index.referenced_claims():
+                obj = await self._get_claim(key)
+                if obj is not None:
+                    self._fetched.add(key)
+                    self._writer.mark_dirty(self._index.set_claim(obj).pods)
+                    if claims.is_allocated(obj):
+                        return
+                await self._clock.sleep(delay)
+                delay = min(delay * 2, self._backoff[1])
+        finally:
+            if self._claim_tasks.get(key) is asyncio.current_task():
+                del self._claim_tasks[key]
+
+    async def _get_claim(self, key: claims.ClaimKey) -> Obj | None:
+        if self._limiter is not None:
+            await self._limiter.acquire()
+        try:
+            return await asyncio.to_thread(self._api.get_claim, key.namespace, key.name)
+        except errors.ApiError as exc:
+            if exc.status != 404:
+                logger.warning("ResourceClaim %s not read: %s", key, exc)
+            return None
+
+
+async def expire_leases(
+    *,
+    cache: healthinfo.HealthCache,
+    index: claims.ClaimIndex,
+    mark_dirty: Callable[[frozenset[str]], None],
+    clock: clock_mod.Clock,
+    wake: asyncio.Event,
+    idle: float = 1.0,
+) -> None:
+    """Turn each lease that runs out into pod writes at its deadline.
+
+    ``wake`` is set by whoever updates the cache (a new lease may be earlier
+    than the one we sleep for); without it we re-check every ``idle`` seconds.
+    """
+    while True:
+        deadline = cache.next_deadline()
+        now = clock.now()
+        pause = idle if deadline is None else max(1e-3, min(idle, deadline - now))
+        wake.clear()
+        sleeper = asyncio.ensure_future(clock.sleep(pause))
+        woken = asyncio.ensure_future(wake.wait())
+        _, pending = await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        # expire() takes deadlines strictly before now, as leases are strict.
+        changed = cache.expire(clock.now())
+        if changed:
+            mark_dirty(index.pods_for_devices(changed))

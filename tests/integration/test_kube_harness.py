@@ -1,0 +1,126 @@
+"""The sidecar's API half wired against FakeApiServer (shared by the kube/writer tests; no tests).
+
+Wiring is what the manager does: pods watch -> claim index -> status writer,
+health cache changes -> ``index.pods_for_devices`` -> ``writer.mark_dirty``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from kubelet_dra import claims, clock, healthinfo, kube, models, settings
+from kubelet_dra.testing import fakeapi
+
+NODE = "node-1"
+DRV = "gpu.example.com"
+H = models.HealthStatus
+
+
+class Harness:
+    def __init__(self, server: fakeapi.FakeApiServer, config: settings.Settings) -> None:
+        self.server = server
+        self.config = config
+        self.clock = clock.SystemClock()
+        self.index = claims.ClaimIndex()
+        self.cache = healthinfo.HealthCache(default_lease=config.health_timeout)
+        self.client = server.api_client()
+        self.api = kube.Api(self.client)
+        self.writer = kube.StatusWriter(
+            api=self.api, node_name=NODE, index=self.index, health=self.cache.get,
+            config=config, clock=self.clock,
+        )  # fmt: skip
+        self.pods = kube.NodePods(
+            api=self.api, node_name=NODE, index=self.index, writer=self.writer, clock=self.clock,
+            backoff_initial=0.05, backoff_max=0.2,
+        )  # fmt: skip
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(self.writer.run()), asyncio.create_task(self.pods.run())]
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.client.close()
+
+    def report(self, device: str, health: H, message: str = "", *, pool: str = "pool") -> None:
+        """A driver report, wired like the manager: cache -> index -> writer."""
+        changed = self.cache.update(
+            DRV, [models.DeviceReport(pool, device, health, message)], now=self.clock.now()
+        )
+        self.writer.mark_dirty(self.index.pods_for_devices(changed))
+
+    def pod_with_gpu(self, name: str, *devices: str, node: str = NODE) -> dict[str, Any]:
+        self.server.create_claim(
+            fakeapi.make_claim(f"{name}-gpu", results=[(DRV, "pool", d, "gpu") for d in devices])
+        )
+        return self.server.create_pod(
+            fakeapi.make_pod(name, node, claims=[fakeapi.PodClaim("gpu", f"{name}-gpu")])
+        )
+
+    def entries(self, name: str, container: str = "main") -> list[dict[str, Any]]:
+        pod = self.server.get_pod("default", name)
+        for cs in pod["status"].get("containerStatuses") or ():
+            if cs["name"] == container:
+                return list(cs.get("allocatedResourcesStatus") or ())
+        return []
+
+    def healths(self, name: str) -> dict[str, str]:
+        return {r["resourceID"]: r["health"] for e in self.entries(name) for r in e["resources"]}
+
+    def condition(self, name: str) -> dict[str, Any] | None:
+        pod = self.server.get_pod("default", name)
+        for cond in pod["status"].get("conditions") or ():
+            if cond["type"] == self.config.pod_condition_type:
+                return dict(cond)
+        return None
+
+
+def make_settings(**overrides: Any) -> settings.Settings:
+    base: dict[str, Any] = {
+        "node_name": NODE, "write_window": 0.02, "api_qps": 1000.0, "api_burst": 1000,
+        "event_interval": 0.0,
+    }  # fmt: skip
+    base.update(overrides)
+    return settings.Settings(**base)
+
+
+@contextlib.asynccontextmanager
+async def running(**overrides: Any) -> AsyncIterator[Harness]:
+    with fakeapi.FakeApiServer() as server:
+        harness = Harness(server, make_settings(**overrides))
+        harness.start()
+        try:
+            yield harness
+        finally:
+            await harness.stop()
+
+
+async def eventually(predicate: Callable[[], bool], *, timeout: float = 5.0) -> None:
+    """Poll until true (no sleeps as assertions); fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def settled(harness: Harness, *, quiet: float = 0.15, timeout: float = 10.0) -> None:
+    """Wait until the writer has nothing pending and no status write happened for ``quiet``."""
+    deadline = time.monotonic() + timeout
+    last = (-1, 0.0)
+    while time.monotonic() < deadline:
+        count = len(harness.server.status_writes())
+        if count != last[0] or harness.writer.stats.pending:
+            last = (count, time.monotonic())
+        elif time.monotonic() - last[1] >= quiet:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("writer did not settle")
