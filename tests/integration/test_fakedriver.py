@@ -1,0 +1,113 @@
+"""The FakeDriver test kit: control API in process and as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import sys
+
+import grpc
+import pytest
+
+from kubelet_dra._proto.dra.v1 import api_pb2 as dra_pb2
+from kubelet_dra._proto.dra.v1 import api_pb2_grpc as dra_grpc
+from kubelet_dra._proto.dra_health.v1 import api_pb2 as health_pb2
+from kubelet_dra._proto.dra_health.v1 import api_pb2_grpc as health_grpc
+from kubelet_dra.testing import _fakedriver_control, fakedriver
+
+from ._driver_fixtures import device
+
+
+async def first_reports(path: pathlib.Path, count: int) -> list[list[str]]:
+    async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+        call = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            health_pb2.NodeWatchResourcesRequest()
+        )
+        got = []
+        async for response in call:
+            got.append([d.device.device_name for d in response.devices])
+            if len(got) == count:
+                call.cancel()
+                break
+        return got
+
+
+async def test_sockets_calls_and_prepare(registry: pathlib.Path) -> None:
+    async with fakedriver.FakeDriver(registry=registry, dra_versions=("v1", "v1beta1")) as drv:
+        assert drv.registration_socket == registry / "gpu.example.com-reg.sock"
+        assert drv.supported_versions == [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+        ]
+        await drv.set_health(device("pool", "gpu-0"))
+        async with grpc.aio.insecure_channel(f"unix:{drv.dra_socket}") as channel:
+            request = dra_pb2.NodePrepareResourcesRequest(claims=[dra_pb2.Claim(uid="u1")])
+            answer = await dra_grpc.DRAPluginStub(channel).NodePrepareResources(request)
+        assert answer.claims["u1"].devices[0].device_name == "gpu-0"
+        assert drv.calls["NodePrepareResources/v1"] == 1
+
+
+async def test_push_silent_and_resend(registry: pathlib.Path) -> None:
+    async with fakedriver.FakeDriver(registry=registry) as drv:
+        await drv.set_health(device("pool", "a"), resend=0.01)  # heartbeat
+        assert await first_reports(drv.dra_socket, 3) == [["a"], ["a"], ["a"]]
+        drv.set_silent()
+        await drv.set_health(device("pool", "b"))
+        reader = asyncio.create_task(first_reports(drv.dra_socket, 1))
+        await drv.wait_for_streams(1)
+        await asyncio.sleep(0.05)  # a window for a report that must not come
+        assert not reader.done()
+        drv.set_silent(False)
+        await drv.push()
+        assert await reader == [["b"]]
+
+
+async def test_end_streams_and_restart_make_new_sockets(registry: pathlib.Path) -> None:
+    async with fakedriver.FakeDriver(registry=registry) as drv:
+        reader = asyncio.create_task(first_reports(drv.dra_socket, 1))
+        await drv.wait_for_streams(1)
+        await drv.end_streams("INTERNAL", "boom")
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await reader
+        assert (failed.value.code(), failed.value.details()) == (grpc.StatusCode.INTERNAL, "boom")
+        before = os.stat(drv.registration_socket)
+        await drv.restart()
+        after = os.stat(drv.registration_socket)
+        # The filesystem may reuse the inode number; the watcher keys on (inode, ctime).
+        assert (after.st_ino, after.st_ctime_ns) != (before.st_ino, before.st_ctime_ns)
+
+
+async def test_subprocess_mode_with_the_control_socket(
+    sockdir: pathlib.Path, registry: pathlib.Path
+) -> None:
+    control = sockdir / "ctl.sock"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kubelet_dra.testing._fakedriver_control",
+        "--registry",
+        str(registry),
+        "--control",
+        str(control),
+        "--health-versions",
+        "v1,v1alpha1",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(await asyncio.wait_for(proc.stdout.readline(), 20))
+        assert ready["event"] == "ready"
+        async with _fakedriver_control.FakeDriverClient(control) as client:
+            await client.request("set_health", devices=[device("pool", "gpu-7")])
+            assert await first_reports(pathlib.Path(ready["dra_socket"]), 1) == [["gpu-7"]]
+            answer = await client.request("calls")
+            assert answer["calls"]["NodeWatchResources/v1"] == 1
+            await client.request("stop")
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
