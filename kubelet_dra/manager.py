@@ -1,0 +1,435 @@
+"""``DRAHealthManager``: the pipeline wired together; the sidecar; a sync runner.
+
+Counterpart of the kubelet's DRA manager construction and wiring
+(``pkg/kubelet/cm/dra/manager.go`` ``NewManager``/``Start`` and
+``container_manager_linux.go``), for two kinds of users:
+
+- the **sidecar** (:class:`Sidecar`, ``kubelet-dra-health run``): observer
+  role, claims and pods from the API, our status writer, metrics server;
+- a **node agent** that owns pod status: claims added programmatically
+  (:attr:`DRAHealthManager.index`, :meth:`DRAHealthManager.set_pod`) and a
+  callback that receives each pod's desired ``allocatedResourcesStatus`` and
+  condition (:class:`PodHealthUpdate`), coalesced like the writer's.
+
+Start order: state file, cache, streams (with the lease-deadline task), API
+watches and writer, then the registry. Stop order is the reverse *except* that
+the writer and the state file are closed before the streams are cancelled:
+stopping the sidecar is not a driver failure and must not write ``Unknown``
+into pods or into the state file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import pathlib
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any
+
+from kubelet_dra import (
+    claims,
+    errors,
+    healthinfo,
+    kube,
+    metrics,
+    models,
+    plugins,
+    podstatus,
+    registration,
+    store,
+)
+from kubelet_dra import clock as clock_mod
+from kubelet_dra import settings as settings_mod
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodHealthUpdate:
+    """What a node agent's callback receives: one pod's desired device status.
+
+    ``desired.containers`` maps (status field, container) to the
+    ``allocatedResourcesStatus`` entries we manage (``None``: remove that
+    entry); ``desired.condition`` is the pod condition or ``None``. Use
+    ``podstatus.merge(current_status, desired, now=...)`` to apply it.
+    """
+
+    pod_uid: str
+    desired: podstatus.Desired
+
+
+StatusCallback = Callable[[PodHealthUpdate], Awaitable[None] | None]
+
+
+class DRAHealthManager:
+    """The whole pipeline. Use as ``async with DRAHealthManager(...) as m``.
+
+    With ``on_status`` the manager computes desired statuses and hands them to
+    the callback (a node agent owns the API writes); without it, it watches
+    the node's pods and claims through the Kubernetes API and writes status
+    itself (``api_client`` or ``settings.kubeconfig``/in-cluster config).
+    """
+
+    def __init__(
+        self,
+        settings: settings_mod.Settings | None = None,
+        *,
+        clock: clock_mod.Clock | None = None,
+        on_status: StatusCallback | None = None,
+        api_client: Any = None,
+        static_plugins: Sequence[registration.PluginInfo] = (),
+        watch_registry: bool = True,
+    ) -> None:
+        self.settings = settings or settings_mod.Settings()
+        self.clock = clock or clock_mod.SystemClock()
+        self.index = claims.ClaimIndex()
+        self.store: store.HealthStore | None = None
+        self.cache = healthinfo.HealthCache(default_lease=self.settings.health_timeout)
+        self._on_status = on_status
+        self._api_client = api_client
+        self._static = tuple(static_plugins)
+        self._watch_registry = watch_registry
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._closing = False
+        self._agent_pods: dict[str, Mapping[str, Any]] = {}
+        self._agent_dirty: set[str] = set()
+        self._agent_wake = asyncio.Event()
+        self.plugins = plugins.PluginManager(
+            self.cache, settings=self.settings, clock=self.clock, on_change=self._on_change
+        )
+        self.watcher: registration.RegistryWatcher | None = None
+        self.writer: kube.StatusWriter | None = None
+        self.pods: kube.NodePods | None = None
+        self.store_errors = 0
+        self.store_commit_latency: Callable[[float], None] = lambda seconds: None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def __aenter__(self) -> DRAHealthManager:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await self._open_store()
+        await self.plugins.start()
+        if self._on_status is None:
+            await self._start_kube()
+        else:
+            self._spawn(self._agent_loop(), "status-callback")
+        self._spawn(self._flush_loop(), "store-flush")
+        self.watcher = registration.RegistryWatcher(
+            self.settings.plugins_registry if self._watch_registry else None,
+            role=self.settings.role,
+            settings=self.settings,
+            clock=self.clock,
+            on_event=self.plugins.handle,
+            static=self._static,
+        )
+        await self.watcher.start()
+
+    async def close(self) -> None:
+        """Stop without marking anything ``Unknown`` (see the module docstring)."""
+        if self._closing:
+            return
+        self._closing = True
+        if self.watcher is not None:
+            await self.watcher.close()
+        await self._drain_writer(timeout=2.0)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+        await self.plugins.close()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    # -- state file ------------------------------------------------------------
+
+    async def _open_store(self) -> None:
+        opened = await asyncio.to_thread(store.HealthStore.open, self.settings.state_dir)
+        records = await asyncio.to_thread(opened.load)
+        self.store = opened
+        self.cache = healthinfo.HealthCache(default_lease=self.settings.health_timeout, sink=opened)
+        self.cache.load(records)
+        self.plugins.cache = self.cache
+        # Leases that ran out while we were down turn Unknown now; their pods
+        # are written once the pod cache has synced (every pod is checked then).
+        expired = self.cache.expire(self.clock.now())
+        logger.info(
+            "health cache: %d devices loaded from %s, %d expired while down",
+            len(records),
+            opened.path,
+            len(expired),
+        )
+
+    async def _flush_loop(self) -> None:
+        assert self.store is not None
+        failing = False
+        while True:
+            await self.clock.sleep(self.settings.store_flush_interval)
+            failing = await self._flush_once(failing)
+
+    async def _flush_once(self, failing: bool) -> bool:
+        assert self.store is not None
+        if not self.store.pending:
+            return failing
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(self.store.flush)
+        except errors.StoreError as exc:
+            self.store_errors += 1
+            if not failing:
+                logger.error("%s; serving from memory and retrying", exc)
+            return True
+        self.store_commit_latency(time.perf_counter() - started)
+        if failing:
+            logger.warning("health cache %s is writable again", self.store.path)
+        return False
+
+    # -- the API side ------------------------------------------------------------
+
+    async def _start_kube(self) -> None:
+        client = self._api_client or await asyncio.to_thread(_load_client, self.settings)
+        api = kube.Api(client)
+        node = self.settings.node_name
+        if not node:
+            raise errors.ConfigError("node name is required to watch the node's pods")
+        self.writer = kube.StatusWriter(
+            api=api,
+            node_name=node,
+            index=self.index,
+            health=self.cache.get,
+            config=self.settings,
+            clock=self.clock,
+        )
+        self.pods = kube.NodePods(
+            api=api, node_name=node, index=self.index, writer=self.writer, clock=self.clock
+        )
+        self._spawn(self.writer.run(), "status-writer")
+        self._spawn(self.pods.run(), "node-pods")
+
+    async def _drain_writer(self, *, timeout: float) -> None:
+        if self.writer is None or not self.writer.stats.pending:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.writer.round(), timeout)
+
+    # -- health changes --------------------------------------------------------
+
+    async def _on_change(self, changed: list[models.DeviceKey]) -> None:
+        if self._closing or not changed:
+            return
+        pods = self.index.pods_for_devices(changed)
+        if self.writer is not None:
+            self.writer.mark_dirty(pods)
+        if self._on_status is not None and pods:
+            self._agent_dirty |= pods
+            self._agent_wake.set()
+
+    # -- node-agent mode -------------------------------------------------------
+
+    def set_pod(self, pod: Mapping[str, Any]) -> None:
+        """A node agent's pod (a dict as the API shows it); its status is recomputed."""
+        uid = str(pod["metadata"]["uid"])
+        self._agent_pods[uid] = pod
+        self.index.set_pod(pod)
+        self.mark_pods([uid])
+
+    def remove_pod(self, uid: str) -> None:
+        self._agent_pods.pop(uid, None)
+        self.index.remove_pod(uid)
+
+    def mark_pods(self, uids: Iterable[str]) -> None:
+        """Recompute these pods' desired status (after changing claims, say)."""
+        self._agent_dirty |= set(uids)
+        self._agent_wake.set()
+
+    def desired(self, uid: str) -> podstatus.Desired | None:
+        """The desired device status of a known pod, now."""
+        pod = self._agent_pods.get(uid)
+        if pod is None:
+            return None
+        now = self.clock.now()
+        return podstatus.desired_status(
+            pod,
+            index=self.index,
+            health_of=lambda key: self.cache.get(key, now),
+            now=now,
+            condition_type=self.settings.pod_condition_type,
+        )
+
+    async def _agent_loop(self) -> None:
+        assert self._on_status is not None
+        while True:
+            await self._agent_wake.wait()
+            await self.clock.sleep(self.settings.write_window)
+            self._agent_wake.clear()
+            dirty, self._agent_dirty = self._agent_dirty, set()
+            for uid in sorted(dirty):
+                await self._deliver(uid)
+
+    async def _deliver(self, uid: str) -> None:
+        assert self._on_status is not None
+        desired = self.desired(uid)
+        if desired is None:
+            return
+        try:
+            result = self._on_status(PodHealthUpdate(uid, desired))
+            if result is not None:
+                await result
+        except Exception:
+            logger.exception("status callback failed for pod %s", uid)
+
+    # -- observability ---------------------------------------------------------
+
+    def metric_state(self) -> metrics.State:
+        """A consistent snapshot for the metrics collector (call on the loop)."""
+        now = self.clock.now()
+        devices: collections.Counter[tuple[str, str]] = collections.Counter()
+        for key, record in self.cache.records():
+            devices[(key.driver, record.visible(now)[0].value)] += 1
+        stats = self.writer.stats if self.writer is not None else None
+        return metrics.State(
+            streams=[
+                metrics.StreamInfo(s.driver, s.endpoint, s.service, s.state.value, s.reconnects)
+                for s in self.plugins.endpoints.values()
+            ],
+            reports={d: s.reports for d, s in self.plugins.drivers.items()},
+            device_updates={d: s.device_updates for d, s in self.plugins.drivers.items()},
+            last_report={
+                d: s.last_report for d, s in self.plugins.drivers.items() if s.last_report
+            },
+            refused=dict(self.plugins.refused),
+            devices=dict(devices),
+            lease_expiries=self.plugins.lease_expiries,
+            pod_writes=dict(stats.results) if stats else {},
+            pending_pods=stats.pending if stats else len(self._agent_dirty),
+            store_pending=self.store.pending if self.store else 0,
+            store_degraded=bool(self.store and self.store.degraded),
+            store_errors=self.store_errors,
+            api_field_dropped=bool(stats and stats.gate_off),
+            now=now,
+        )
+
+    def readiness(self) -> dict[str, str]:
+        """Check name -> ``"ok"`` or why not ready."""
+        checks = {"store": "not open"}
+        if self.store is not None:
+            checks["store"] = (
+                f"degraded, serving from memory: {self.store.last_error}"
+                if self.store.degraded
+                else "ok"
+            )
+        if self.pods is not None:
+            checks["pods"] = "ok" if self.pods.pods_synced else "pod cache not synced"
+            checks["claims"] = "ok" if self.pods.claims_synced else "claim cache not synced"
+        return checks
+
+
+def _load_client(settings: settings_mod.Settings) -> Any:
+    """The kubeconfig flag, else in-cluster config, else ``~/.kube/config``."""
+    if settings.kubeconfig is not None:
+        if not settings.kubeconfig.is_file():
+            raise errors.ConfigError(f"kubeconfig {settings.kubeconfig} is not a readable file")
+        return kube.load_client(str(settings.kubeconfig))
+    try:
+        return kube.load_client(None)
+    except errors.ConfigError:
+        default = pathlib.Path.home() / ".kube" / "config"
+        if not default.is_file():
+            raise errors.ConfigError(
+                "no kubeconfig: not in a cluster and ~/.kube/config does not exist"
+            ) from None
+        return kube.load_client(str(default))
+
+
+class Sidecar:
+    """``kubelet-dra-health run``: the manager in the observer role plus metrics."""
+
+    def __init__(self, settings: settings_mod.Settings, *, api_client: Any = None) -> None:
+        observer = settings.model_copy(update={"role": settings_mod.Role.OBSERVER})
+        self.manager = DRAHealthManager(observer, api_client=api_client)
+        self.server: metrics.Server | None = None
+        self._beat: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Sidecar:
+        settings = self.manager.settings
+        await self.manager.start()
+        if settings.metrics_address:
+            self._start_metrics(settings.metrics_address)
+        return self
+
+    def _start_metrics(self, address: str) -> None:
+        collected = metrics.Metrics(self.manager.metric_state)
+        self.manager.store_commit_latency = collected.store_commit_latency.observe
+        self.server = metrics.Server(
+            address,
+            loop=asyncio.get_running_loop(),
+            metrics=collected,
+            readiness=self.manager.readiness,
+        )
+        self.server.start()
+        self._beat = asyncio.create_task(self.server.beat(), name="heartbeat")
+        logger.info("metrics, /healthz and /readyz on http://%s", self.server.address)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+        if self.server is not None:
+            self.server.stop()
+        await self.manager.close()
+
+
+class SyncRunner:
+    """Run a manager on its own thread for agents that are not async.
+
+    ``with SyncRunner(DRAHealthManager(...)) as runner: runner.call(fn)``;
+    :meth:`call` runs a function (or awaits a coroutine) on the manager's loop
+    and returns its result.
+    """
+
+    def __init__(self, manager: DRAHealthManager, *, timeout: float = 30.0) -> None:
+        self.manager = manager
+        self.timeout = timeout
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="kubelet-dra", daemon=True
+        )
+
+    def __enter__(self) -> SyncRunner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._thread.start()
+        self.call(self.manager.start)
+
+    def stop(self) -> None:
+        try:
+            self.call(self.manager.close)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(self.timeout)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        async def run() -> Any:
+            result = fn(*args)
+            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                return await result
+            return result
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(self.timeout)

@@ -1,0 +1,169 @@
+"""The whole pipeline in one process: FakeDriver -> DRAHealthManager -> FakeApiServer.
+
+Real gRPC over unix sockets, a real SQLite state file, and the official
+kubernetes client talking HTTP to the API stand-in.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kubelet_dra import manager, models, podstatus, settings
+from kubelet_dra.testing import FakeApiServer, FakeDriver, make_claim, make_pod
+
+from ._driver_fixtures import wait_until
+
+DRIVER = "gpu.example.com"
+NODE = "node-1"
+
+
+def pod_health(api: FakeApiServer, name: str) -> dict[str, tuple[str, str]]:
+    """resourceID -> (health, message) as the pod's first container shows it."""
+    pod = api.get_pod("default", name)
+    entries = podstatus.container_entries(pod["status"], "containerStatuses", "main")
+    return {
+        r["resourceID"]: (r["health"], r.get("message", ""))
+        for entry in entries
+        for r in entry.get("resources", [])
+    }
+
+
+def condition(api: FakeApiServer, name: str) -> dict[str, Any] | None:
+    status = api.get_pod("default", name)["status"]
+    return podstatus.find_condition(status, "DeviceHealthy")
+
+
+@pytest.fixture
+def api() -> AsyncIterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        yield server
+
+
+def cluster(api: FakeApiServer) -> None:
+    api.create_claim(make_claim("gpu-a", results=[(DRIVER, "pool", "gpu-0", "gpu")]))
+    api.create_claim(make_claim("gpu-b", results=[(DRIVER, "pool", "gpu-1", "gpu")]))
+    api.create_pod(make_pod("train-a", NODE, claims=["gpu-a"]))
+    api.create_pod(make_pod("train-b", NODE, claims=["gpu-b"]))
+    api.create_pod(make_pod("elsewhere", "node-2", claims=["gpu-a"]))
+
+
+def config(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.Settings:
+    values: dict[str, Any] = {
+        "node_name": NODE,
+        "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig"),
+        "plugins_registry": sockdir / "reg",
+        "state_dir": sockdir / "state",
+        "registry_poll_interval": 0.05,
+        "write_window": 0.01,
+        "store_flush_interval": 0.05,
+    }
+    values.update(extra)
+    return settings.Settings(**values)
+
+
+async def test_health_reaches_pod_status_condition_and_state_file(
+    sockdir: pathlib.Path, api: FakeApiServer
+) -> None:
+    cluster(api)
+    cfg = config(sockdir, api)
+    async with FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver:
+        await driver.set_health(
+            {"pool": "pool", "device": "gpu-0", "health": "Healthy"},
+            {"pool": "pool", "device": "gpu-1", "health": "Healthy"},
+        )
+        async with manager.DRAHealthManager(cfg) as mgr:
+            await wait_until(
+                lambda: pod_health(api, "train-a") == {f"{DRIVER}/pool/gpu-0": ("Healthy", "")}
+            )
+            await driver.set_health(
+                {"pool": "pool", "device": "gpu-0", "health": "Unhealthy", "message": "XID 79"},
+                {"pool": "pool", "device": "gpu-1", "health": "Healthy"},
+            )
+            await wait_until(
+                lambda: (
+                    pod_health(api, "train-a")[f"{DRIVER}/pool/gpu-0"] == ("Unhealthy", "XID 79")
+                )
+            )
+            cond = condition(api, "train-a")
+            assert cond is not None and cond["status"] == "False"
+            assert "gpu-0" in cond["message"]
+            assert pod_health(api, "train-b") == {f"{DRIVER}/pool/gpu-1": ("Healthy", "")}
+            assert mgr.readiness() == {"store": "ok", "pods": "ok", "claims": "ok"}
+    # The pod on another node is never written.
+    assert not api.status_writes("default", "elsewhere")
+    # The state file kept the last report, and shutdown did not mark it Unknown.
+    from kubelet_dra import store
+
+    db = store.HealthStore.open(cfg.state_dir)
+    records = dict(db.load())
+    db.close()
+    assert (
+        records[models.DeviceKey(DRIVER, "pool", "gpu-0")].health is models.HealthStatus.UNHEALTHY
+    )
+
+
+async def test_driver_death_turns_pods_unknown_at_once_and_recovery_heals(
+    sockdir: pathlib.Path, api: FakeApiServer
+) -> None:
+    cluster(api)
+    cfg = config(sockdir, api, stream_backoff_initial=0.05, stream_backoff_max=0.2)
+    async with FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver:
+        await driver.set_health({"pool": "pool", "device": "gpu-0", "health": "Healthy"})
+        async with manager.DRAHealthManager(cfg):
+            await wait_until(
+                lambda: pod_health(api, "train-a").get(f"{DRIVER}/pool/gpu-0") == ("Healthy", "")
+            )
+            await driver.stop()
+            await wait_until(
+                lambda: pod_health(api, "train-a")[f"{DRIVER}/pool/gpu-0"][0] == "Unknown"
+            )
+            await driver.start()
+            await driver.set_health({"pool": "pool", "device": "gpu-0", "health": "Healthy"})
+            await wait_until(
+                lambda: pod_health(api, "train-a")[f"{DRIVER}/pool/gpu-0"][0] == "Healthy",
+                timeout=10,
+            )
+
+
+async def test_node_agent_callback_receives_desired_status(sockdir: pathlib.Path) -> None:
+    from kubelet_dra import claims
+
+    updates: list[manager.PodHealthUpdate] = []
+    cfg = settings.Settings(
+        node_name=NODE,
+        plugins_registry=sockdir / "reg",
+        state_dir=sockdir / "state",
+        registry_poll_interval=0.05,
+        write_window=0.01,
+    )
+    pod = make_pod("agent-pod", NODE, claims=["gpu"])
+    pod["metadata"]["uid"] = "uid-1"
+    async with FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver:
+        async with manager.DRAHealthManager(cfg, on_status=updates.append) as mgr:
+            mgr.index.add_prepared_claim(
+                namespace="default",
+                name="gpu",
+                devices=[
+                    claims.PreparedDevice(DRIVER, "pool", "gpu-7", (), ("cdi.example/gpu=7",))
+                ],
+                pod_uids=["uid-1"],
+            )
+            mgr.set_pod(pod)
+            await driver.set_health({"pool": "pool", "device": "gpu-7", "health": "Unhealthy"})
+            await wait_until(
+                lambda: any(
+                    d.health is models.HealthStatus.UNHEALTHY
+                    for u in updates
+                    for d in u.desired.devices
+                )
+            )
+    last = updates[-1].desired
+    assert last.pod_uid == "uid-1"
+    [(field, container)] = last.containers
+    entry = last.containers[(field, container)]["claim:gpu"]
+    assert entry is not None
+    assert entry["resources"] == [{"resourceID": "cdi.example/gpu=7", "health": "Unhealthy"}]
