@@ -1,42 +1,195 @@
 """The ``kubelet-dra-health`` command: the sidecar and the tools.
 
-The only module that configures logging and handles signals. Each
-subcommand lives in its own ``_cmd_*`` function registered in
-:func:`build_parser`.
+The only module that configures logging and handles signals. Subcommands:
+
+- ``run``: the sidecar (observer role), flags in :data:`RUN_FLAGS`, each also
+  read from its environment variable through ``settings.Settings``;
+- ``demo``: the whole pipeline on one machine (``demo.py``);
+- ``watch``: tail a driver's health stream (``watchcmd.py``);
+- ``fake-driver``: run the test kit's DRA driver (``testing/fakedriver.py``);
+- ``cache show``: read a health cache offline (``cachecmd.py``).
+
+Exit codes: 0 success, 1 runtime failure, 2 bad flags or configuration.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from kubelet_dra import __version__, cachecmd
+import pydantic
 
+from kubelet_dra import __version__, cachecmd, errors
+from kubelet_dra import settings as settings_mod
+
+EXIT_FAILURE = 1
 EXIT_USAGE = 2
+
+# flag -> (Settings field, environment variable, help)
+RUN_FLAGS: dict[str, tuple[str, str, str]] = {
+    "--node-name": ("node_name", "NODE_NAME", "handle only pods with spec.nodeName == NAME"),
+    "--kubeconfig": (
+        "kubeconfig",
+        "KUBECONFIG",
+        "API server to use (default: in-cluster, else ~/.kube/config)",
+    ),
+    "--plugins-registry": (
+        "plugins_registry",
+        "KUBELET_DRA_PLUGINS_REGISTRY",
+        "where drivers' registration sockets appear",
+    ),
+    "--state-dir": ("state_dir", "KUBELET_DRA_STATE_DIR", "the persistent health cache"),
+    "--health-timeout": (
+        "health_timeout",
+        "KUBELET_DRA_HEALTH_TIMEOUT",
+        "node default lease in seconds; a device's positive timeout wins",
+    ),
+    "--container-status": (
+        "container_status",
+        "KUBELET_DRA_CONTAINER_STATUS",
+        "write allocatedResourcesStatus: auto (unless the kubelet does), on, off",
+    ),
+    "--pod-condition-type": (
+        "pod_condition_type",
+        "KUBELET_DRA_POD_CONDITION_TYPE",
+        "pod condition type (default DeviceHealthy); empty disables",
+    ),
+    "--metrics-address": (
+        "metrics_address",
+        "KUBELET_DRA_METRICS_ADDRESS",
+        "HOST:PORT for /metrics /healthz /readyz (default 127.0.0.1:9464); empty disables",
+    ),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line on stderr and exit 2."""
+
+    def error(self, message: str) -> Any:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kubelet-dra-health",
         description="The kubelet's DRA device-health pipeline: sidecar, demo and tools.",
     )
     parser.add_argument("--version", action="version", version=__version__)
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs")
-    parser.add_argument("--log-format", choices=["text", "json"], default="text")
-    commands = parser.add_subparsers(dest="command", required=True)
+    _add_logging_flags(parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_run_parser(commands)
+    _add_optional_commands(commands)
     cachecmd.add_parser(commands)
     return parser
 
 
+def _add_logging_flags(parser: argparse.ArgumentParser, *, repeated: bool = False) -> None:
+    # Accepted before or after the subcommand; SUPPRESS keeps the subcommand's
+    # copy from resetting a value given before it.
+    verbose_default: Any = argparse.SUPPRESS if repeated else 0
+    format_default: Any = argparse.SUPPRESS if repeated else "text"
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=verbose_default, help="more logs"
+    )
+    parser.add_argument("--log-format", choices=["text", "json"], default=format_default)
+
+
+def _add_run_parser(commands: Any) -> None:
+    run = commands.add_parser("run", help="run the sidecar next to DRA drivers")
+    for flag, (_field, env, text) in RUN_FLAGS.items():
+        choices = [m.value for m in settings_mod.ContainerStatusMode] if "status" in flag else None
+        run.add_argument(flag, default=None, choices=choices, help=f"{text} [env {env}]")
+    _add_logging_flags(run, repeated=True)
+    run.set_defaults(handler=_cmd_run)
+
+
+def _add_optional_commands(commands: Any) -> None:
+    # Each tool registers itself; imported here so `run` does not pay for them.
+    from kubelet_dra import demo, watchcmd
+    from kubelet_dra.testing import fakedriver
+
+    demo.add_parser(commands)
+    watchcmd.add_watch_parser(commands)
+    fakedriver.add_fake_driver_parser(commands)
+
+
+def run_settings(ns: argparse.Namespace) -> settings_mod.Settings:
+    """Flags over environment over defaults; raises ConfigError on bad values."""
+    given = {field: getattr(ns, field) for field, _, _ in RUN_FLAGS.values()}
+    try:
+        return settings_mod.Settings(**{k: v for k, v in given.items() if v is not None})
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        raise errors.ConfigError(f"invalid {where}: {first['msg']}") from exc
+
+
+def _cmd_run(ns: argparse.Namespace) -> int:
+    from kubelet_dra import manager
+
+    settings = run_settings(ns)
+    if not settings.node_name:
+        raise errors.ConfigError("--node-name (or NODE_NAME) is required")
+    return asyncio.run(_serve(manager.Sidecar(settings)))
+
+
+async def _serve(sidecar: Any) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with sidecar:
+        logging.getLogger(__name__).info("sidecar running; SIGTERM or SIGINT to stop")
+        await stop.wait()
+    return 0
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
 def configure_logging(verbosity: int, fmt: str) -> None:
-    level = logging.WARNING - 10 * min(verbosity + 1, 2)
-    logging.basicConfig(level=level, stream=sys.stderr)
+    level = {0: logging.INFO, 1: logging.DEBUG}.get(verbosity, logging.DEBUG)
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # Chatty libraries stay at WARNING unless -vv; sqlitedict logs a full
+    # traceback for a file we already report in one line.
+    for name in ("kubernetes", "urllib3", "grpc", "asyncio"):
+        logging.getLogger(name).setLevel(logging.WARNING if verbosity < 2 else logging.DEBUG)
+    logging.getLogger("sqlitedict").setLevel(logging.CRITICAL if verbosity < 2 else logging.DEBUG)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     configure_logging(ns.verbose, ns.log_format)
-    return int(ns.handler(ns))
+    try:
+        return int(ns.handler(ns))
+    except errors.ConfigError as exc:
+        print(f"kubelet-dra-health: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 0
