@@ -142,25 +142,25 @@ async def test_node_agent_callback_receives_desired_status(sockdir: pathlib.Path
     )
     pod = make_pod("agent-pod", NODE, claims=["gpu"])
     pod["metadata"]["uid"] = "uid-1"
-    async with FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver:
-        async with manager.DRAHealthManager(cfg, on_status=updates.append) as mgr:
-            mgr.index.add_prepared_claim(
-                namespace="default",
-                name="gpu",
-                devices=[
-                    claims.PreparedDevice(DRIVER, "pool", "gpu-7", (), ("cdi.example/gpu=7",))
-                ],
-                pod_uids=["uid-1"],
+    async with (
+        FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver,
+        manager.DRAHealthManager(cfg, on_status=updates.append) as mgr,
+    ):
+        mgr.index.add_prepared_claim(
+            namespace="default",
+            name="gpu",
+            devices=[claims.PreparedDevice(DRIVER, "pool", "gpu-7", (), ("cdi.example/gpu=7",))],
+            pod_uids=["uid-1"],
+        )
+        mgr.set_pod(pod)
+        await driver.set_health({"pool": "pool", "device": "gpu-7", "health": "Unhealthy"})
+        await wait_until(
+            lambda: any(
+                d.health is models.HealthStatus.UNHEALTHY
+                for u in updates
+                for d in u.desired.devices
             )
-            mgr.set_pod(pod)
-            await driver.set_health({"pool": "pool", "device": "gpu-7", "health": "Unhealthy"})
-            await wait_until(
-                lambda: any(
-                    d.health is models.HealthStatus.UNHEALTHY
-                    for u in updates
-                    for d in u.desired.devices
-                )
-            )
+        )
     last = updates[-1].desired
     assert last.pod_uid == "uid-1"
     [(field, container)] = last.containers
