@@ -262,6 +262,8 @@ class StatusWriter:
                 if exc.status == 409:
                     self.stats.results["conflict"] += 1
                     pod = await self._reread(pod)
+                    if _node(pod) != self.node:
+                        return  # moved off this node meanwhile: not ours any more
                     continue
                 if self._rejected_sidecars(exc, body):
                     continue

@@ -1,0 +1,111 @@
+"""The node's pods (field-selected watch) and their claims (one GET each) feed the index."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubelet_dra import claims
+from kubelet_dra.testing import fakeapi
+from tests.integration import test_kube_harness as h
+
+H = h.H
+
+
+async def _requests_for(pods: int, others: int) -> tuple[int, int, int]:
+    """Start a sidecar on a node with ``pods`` pods and ``others`` claims elsewhere."""
+    async with h.running() as t:
+        for n in range(others):
+            t.server.create_claim(
+                fakeapi.make_claim(
+                    f"other-{n}",
+                    namespace=f"ns-{n % 7}",
+                    results=[(h.DRV, "pool", f"x-{n}", "gpu")],
+                )
+            )
+        for n in range(pods):
+            t.pod_with_gpu(f"p{n}", f"gpu-{n}")
+        await h.eventually(lambda: t.pods.claims_synced, timeout=10)
+        await h.settled(t)
+        claim_lists = t.server.count("GET", r"/resourceclaims$")
+        claim_gets = t.server.count("GET", r"/resourceclaims/[^/]+$")
+        return len(t.server.requests), claim_lists, claim_gets
+
+
+async def test_api_load_grows_with_the_node_pods_not_the_cluster() -> None:
+    bare, small, large = (
+        await _requests_for(3, 0),
+        await _requests_for(3, 30),
+        await _requests_for(6, 60),
+    )
+    assert small == bare  # 10N claims in the cluster cost nothing
+    assert small[1] == large[1] == 0  # never a claim list or watch
+    assert (small[2], large[2]) == (3, 6)  # one GET per referenced claim
+    # Per extra pod: its claim GET and one status write (its devices read Unknown).
+    assert large[0] - small[0] == 2 * 3
+
+
+async def test_template_claim_is_fetched_once_the_status_names_it() -> None:
+    async with h.running() as t:
+        t.server.create_claim(
+            fakeapi.make_claim("p1-gpu-x1", results=[(h.DRV, "pool", "g", "gpu")])
+        )
+        pod = fakeapi.make_pod("p1", claims=[fakeapi.PodClaim("gpu", "p1-gpu-x1", template="t")])
+        created = t.server.create_pod(pod)
+        await h.eventually(lambda: t.pods.claims_synced)
+        uid = created["metadata"]["uid"]
+        assert [d.device for _, d in t.index.devices_of_pod(uid)] == ["g"]
+
+
+async def test_unallocated_claim_is_read_again_until_allocated() -> None:
+    async with h.running() as t:
+        claim = fakeapi.make_claim("late", results=[(h.DRV, "pool", "g", "gpu")])
+        allocation = claim["status"].pop("allocation")
+        t.server.create_claim(claim)
+        pod = t.server.create_pod(fakeapi.make_pod("p1", claims=[fakeapi.PodClaim("gpu", "late")]))
+        await h.eventually(lambda: t.server.count("GET", r"/resourceclaims/late$") >= 1)
+        t.server.set_claim_status("default", "late", {"allocation": allocation})
+        uid = pod["metadata"]["uid"]
+        await h.eventually(lambda: bool(t.index.devices_of_pod(uid)))
+
+
+async def test_deleted_pod_leaves_the_index_and_its_claims() -> None:
+    async with h.running() as t:
+        pod = t.pod_with_gpu("p1", "gpu-0")
+        await h.eventually(lambda: t.pods.claims_synced)
+        assert t.index.referenced_claims() == {claims.ClaimKey("default", "p1-gpu")}
+        t.server.delete_pod("default", "p1")
+        await h.eventually(lambda: t.index.pod(pod["metadata"]["uid"]) is None)
+        assert t.index.referenced_claims() == frozenset()
+
+
+@pytest.mark.parametrize("gone", [True, False], ids=["410-relist", "watch-ended"])
+async def test_watch_loss_resumes_without_missing_pods(gone: bool) -> None:
+    async with h.running() as t:
+        t.pod_with_gpu("p1", "gpu-0")
+        await h.eventually(lambda: t.pods.claims_synced)
+        if gone:
+            t.server.expire_history()
+        t.server.end_watches()
+        second = t.pod_with_gpu("p2", "gpu-1")
+        await h.eventually(lambda: t.index.pod(second["metadata"]["uid"]) is not None)
+        t.report("gpu-1", H.UNHEALTHY)
+        await h.eventually(lambda: t.healths("p2") == {f"{h.DRV}/pool/gpu-1": "Unhealthy"})
+
+
+async def test_pod_moving_off_the_selector_is_dropped() -> None:
+    async with h.running() as t:
+        pod = t.pod_with_gpu("p1", "gpu-0")
+        await h.eventually(lambda: t.pods.claims_synced)
+
+        def elsewhere(obj: dict) -> dict:  # type: ignore[type-arg]
+            obj["spec"]["nodeName"] = "node-2"
+            return obj
+
+        await h.settled(t)
+        t.server.update_pod("default", "p1", elsewhere)
+        await h.eventually(lambda: t.index.pod(pod["metadata"]["uid"]) is None)
+        writes = len(t.server.status_writes(name="p1"))
+        t.report("gpu-0", H.UNHEALTHY)
+        t.writer.mark_dirty({pod["metadata"]["uid"]})
+        await h.settled(t)
+        assert len(t.server.status_writes(name="p1")) == writes

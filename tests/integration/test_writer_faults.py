@@ -1,0 +1,84 @@
+"""409s, 5xx runs, 429 with Retry-After and dropped connections all converge."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration import test_kube_harness as h
+
+H = h.H
+STATUS = r"/pods/[^/]+/status$"
+
+
+async def _converges(t: h.Harness) -> None:
+    t.pod_with_gpu("p1", "gpu-0")
+    await h.eventually(lambda: t.pods.claims_synced)
+    t.report("gpu-0", H.UNHEALTHY, "bad")
+    await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+    t.report("gpu-0", H.HEALTHY)
+    await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Healthy"})
+
+
+async def test_conflict_on_first_write_rereads_and_reapplies() -> None:
+    async with h.running() as t:
+        t.server.conflict_first_write = True
+        await _converges(t)
+        assert t.writer.stats.results["conflict"] >= 1
+        assert t.server.count("GET", r"/pods/p1/status$") >= 1  # the re-read
+
+
+async def test_kubelet_write_between_read_and_write_is_not_clobbered() -> None:
+    async with h.running() as t:
+        t.pod_with_gpu("p1", "gpu-0")
+        await h.eventually(lambda: t.pods.claims_synced)
+        t.report("gpu-0", H.HEALTHY)
+        await h.eventually(lambda: bool(t.healths("p1")))
+        await h.settled(t)
+        # The kubelet bumps restartCount; our stale cached copy must not undo it.
+        t.server.update_pod("default", "p1", _bump_restart)
+        t.report("gpu-0", H.UNHEALTHY)
+        await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+        pod = t.server.get_pod("default", "p1")
+        assert pod["status"]["containerStatuses"][0]["restartCount"] == 1
+
+
+def _bump_restart(pod: dict) -> dict:  # type: ignore[type-arg]
+    pod["status"]["containerStatuses"][0]["restartCount"] = 1
+    return pod
+
+
+@pytest.mark.parametrize("code", [500, 503, 504], ids=["500", "503", "504"])
+async def test_runs_of_server_errors_are_retried(code: int) -> None:
+    async with h.running() as t:
+        t.server.fail("PATCH", STATUS, code=code, times=3)
+        await _converges(t)
+        assert t.writer.stats.results["retried"] >= 3
+
+
+async def test_429_waits_retry_after() -> None:
+    async with h.running() as t:
+        t.server.fail("PATCH", STATUS, code=429, times=1, retry_after=1)
+        await _converges(t)
+        answers = [r for r in t.server.status_writes() if r.status in (200, 429)]
+        first_ok = next(r for r in answers if r.status == 200)
+        refused = next(r for r in answers if r.status == 429)
+        assert first_ok.timestamp - refused.timestamp >= 0.9
+
+
+async def test_dropped_connections_are_retried() -> None:
+    async with h.running() as t:
+        t.server.drop_connection("PATCH", STATUS, times=2)
+        await _converges(t)
+
+
+async def test_outage_longer_than_the_retries_still_ends_with_the_last_state() -> None:
+    async with h.running() as t:
+        fault = t.server.fail("PATCH", STATUS, code=503, times=None)
+        t.pod_with_gpu("p1", "gpu-0")
+        await h.eventually(lambda: t.pods.claims_synced)
+        t.report("gpu-0", H.UNHEALTHY)
+        await h.eventually(lambda: t.writer.stats.results["failed"] >= 1, timeout=10)
+        t.server.clear_fault(fault)
+        await h.eventually(
+            lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"}, timeout=10
+        )
