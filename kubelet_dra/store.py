@@ -20,11 +20,17 @@ cache as JSON rewritten (temp file + rename, no fsync) on every change. Here:
   is moved aside with a clear error and the cache starts empty: the process
   never crash-loops on its own state;
 - a failing flush (read-only or full disk, file deleted) keeps the staged
-  records in memory, reports ``degraded`` and succeeds again when it can.
+  records in memory, reports ``degraded`` and succeeds again when it can. A
+  state directory that cannot be written at start (read-only, full) is not
+  "corrupt": the file is kept, read if possible, and opened for writing at a
+  later flush. SQLite keeps writing to a deleted file without an error, so
+  :meth:`HealthStore.replaced` compares the path's inode with the open file's
+  and :meth:`HealthStore.reopen` starts a new file with every record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +38,7 @@ import pathlib
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import pydantic
 import sqlitedict
@@ -53,6 +59,16 @@ _UPSERT = (
 _DELETE = f'DELETE FROM "{_TABLE}" WHERE key IN (SELECT value FROM json_each(?))'
 _LOAD_ALL = f'SELECT json_group_array(json_array(key, json(value))) FROM "{_TABLE}"'
 _LOAD_ROWS = f'SELECT key, value FROM "{_TABLE}"'
+# Primary SQLite result codes that mean "cannot write here now", not "bad file".
+_UNWRITABLE = {
+    sqlite3.SQLITE_PERM,
+    sqlite3.SQLITE_BUSY,
+    sqlite3.SQLITE_LOCKED,
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_FULL,
+    sqlite3.SQLITE_CANTOPEN,
+}
 
 
 class StoredDevice(pydantic.BaseModel):
@@ -128,9 +144,10 @@ def _encode_value(key: models.DeviceKey, record: models.DeviceHealth) -> str:
 class HealthStore:
     """The on-disk health cache. Thread-safe; blocking calls (use a thread)."""
 
-    def __init__(self, path: pathlib.Path, *, db: sqlitedict.SqliteDict) -> None:
+    def __init__(self, path: pathlib.Path, *, db: sqlitedict.SqliteDict | None) -> None:
         self.path = path
-        self._db = db
+        self._db = db  # None: not open for writing yet (see _unopened)
+        self._identity = _file_identity(path) if db is not None else None
         self._lock = threading.Lock()
         self._pending: dict[models.DeviceKey, models.DeviceHealth] = {}
         self.moved_aside: pathlib.Path | None = None
@@ -148,11 +165,13 @@ class HealthStore:
         with an error log, and an empty store is opened in its place.
         """
         directory = pathlib.Path(state_dir)
-        _make_private_dir(directory)
         path = directory / FILE_NAME
         try:
+            _make_private_dir(directory)
             return cls(path, db=_open_db(path))
-        except (sqlite3.DatabaseError, errors.StoreError) as exc:
+        except (OSError, sqlite3.DatabaseError, errors.StoreError) as exc:
+            if _unwritable(exc):
+                return cls._unopened(path, exc)
             aside = _move_aside(path)
             logger.error(
                 "health cache %s is unreadable (%s); moved it to %s and starting empty",
@@ -167,10 +186,21 @@ class HealthStore:
         store.moved_aside = aside
         return store
 
+    @classmethod
+    def _unopened(cls, path: pathlib.Path, exc: BaseException) -> HealthStore:
+        # A read-only or full disk is no reason to throw the file away or to
+        # crash-loop: serve from memory, and open it at the first flush that can.
+        store = cls(path, db=None)
+        store.last_error = f"cannot open {path} for writing: {exc}"
+        logger.error("health cache %s cannot be written (%s); serving from memory", path, exc)
+        return store
+
     # -- reading -----------------------------------------------------------
 
     def load(self) -> list[tuple[models.DeviceKey, models.DeviceHealth]]:
         """Every stored record. Rows that do not validate are skipped and counted."""
+        if self._db is None:
+            return self._load_read_only()
         try:
             row = self._db.conn.select_one(_LOAD_ALL)
             stored = _ROWS.validate_json(row[0] if row and row[0] else "[]")
@@ -179,8 +209,28 @@ class HealthStore:
             # One bad row spoils the fast path; read row by row and skip it.
             return list(self._load_rows())
 
+    def _load_read_only(self) -> list[tuple[models.DeviceKey, models.DeviceHealth]]:
+        try:
+            conn = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True)
+            try:
+                rows = conn.execute(_LOAD_ROWS).fetchall()
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            logger.warning(
+                "health cache %s not readable either (%s); starting empty", self.path, exc
+            )
+            return []
+        return list(self._validate_rows(rows))
+
     def _load_rows(self) -> Iterator[tuple[models.DeviceKey, models.DeviceHealth]]:
-        for _key, value in self._db.conn.select(_LOAD_ROWS):
+        assert self._db is not None
+        yield from self._validate_rows(self._db.conn.select(_LOAD_ROWS))
+
+    def _validate_rows(
+        self, rows: Iterable[tuple[str, str]]
+    ) -> Iterator[tuple[models.DeviceKey, models.DeviceHealth]]:
+        for _key, value in rows:
             try:
                 yield StoredDevice.model_validate_json(value).to_record()
             except (pydantic.ValidationError, ValueError, TypeError) as exc:
@@ -216,8 +266,9 @@ class HealthStore:
             return 0
         rows = [[encode_key(k), _encode_value(k, r)] for k, r in batch.items()]
         try:
-            self._db.conn.execute(_UPSERT, (json.dumps(rows, ensure_ascii=False),))
-            self._db.commit(blocking=True)
+            db = self._db if self._db is not None else self._connect()
+            db.conn.execute(_UPSERT, (json.dumps(rows, ensure_ascii=False),))
+            _commit(db)
         except Exception as exc:  # sqlite3 errors arrive re-raised from sqlitedict's thread
             self._restage(batch)
             self.last_error = str(exc)
@@ -232,18 +283,54 @@ class HealthStore:
             self._pending = batch
         self._rollback()
 
+    def _connect(self) -> sqlitedict.SqliteDict:
+        _make_private_dir(self.path.parent)
+        db = _open_db(self.path)
+        self._db, self._identity = db, _file_identity(self.path)
+        return db
+
+    def replaced(self) -> bool:
+        """True when the open file is no longer the one at :attr:`path`.
+
+        Deleted, renamed or replaced (a new inode): SQLite goes on writing to
+        the old inode without any error, so only this check notices.
+        """
+        if self._db is None:
+            return False
+        return _file_identity(self.path) != self._identity
+
+    def reopen(self, records: Iterable[tuple[models.DeviceKey, models.DeviceHealth]]) -> None:
+        """Let go of a deleted file; the next flush writes ``records`` to a new one.
+
+        ``records`` is the whole cache (the deleted file held what was
+        committed); what was staged meanwhile wins over it.
+        """
+        old, self._db, self._identity = self._db, None, None
+        self.last_error = f"health cache file {self.path} was deleted or replaced"
+        with self._lock:
+            staged = dict(records)
+            staged.update(self._pending)
+            self._pending = staged
+        if old is not None and old.conn is not None and old.conn.is_alive():
+            try:
+                old.close()
+            except Exception:
+                logger.debug("closing the deleted health cache failed", exc_info=True)
+
     def _rollback(self) -> None:
+        if self._db is None:
+            return
         try:
-            self._db.conn.execute("ROLLBACK")
-            self._db.commit(blocking=True)
+            self._db.conn.select_one("ROLLBACK")
         except Exception:  # nothing to roll back, or the connection is gone
             logger.debug("rollback after failed flush did not apply", exc_info=True)
 
     def delete(self, keys: list[models.DeviceKey]) -> None:
         """Remove records now (used by ``cache`` maintenance commands)."""
         payload = json.dumps([encode_key(k) for k in keys], ensure_ascii=False)
-        self._db.conn.execute(_DELETE, (payload,))
-        self._db.commit(blocking=True)
+        db = self._db if self._db is not None else self._connect()
+        db.conn.execute(_DELETE, (payload,))
+        _commit(db)
 
     def close(self) -> None:
         """Flush what is staged (best effort) and close the file."""
@@ -251,7 +338,8 @@ class HealthStore:
             self.flush()
         except errors.StoreError as exc:
             logger.error("health cache not flushed at close: %s", exc)
-        self._db.close()
+        if self._db is not None and self._db.conn is not None and self._db.conn.is_alive():
+            self._db.close()
 
 
 def _make_private_dir(directory: pathlib.Path) -> None:
@@ -261,10 +349,40 @@ def _make_private_dir(directory: pathlib.Path) -> None:
         raise errors.StoreError(f"cannot create state directory {directory}: {exc}") from exc
 
 
+def _commit(db: sqlitedict.SqliteDict) -> None:
+    # Not db.commit(): sqlitedict runs that commit unguarded in its worker
+    # thread, so a failure there (disk full) kills the thread and every later
+    # call waits forever. COMMIT as a statement takes the guarded path and the
+    # error comes back to the caller.
+    db.conn.select_one("COMMIT")
+
+
+def _file_identity(path: pathlib.Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _unwritable(exc: BaseException) -> bool:
+    """A failure of the disk (read-only, full, permissions), not of the file's contents."""
+    cause = exc.__cause__ if isinstance(exc, errors.StoreError) else exc
+    if isinstance(cause, OSError):
+        return True
+    code = getattr(cause, "sqlite_errorcode", None)
+    return isinstance(cause, sqlite3.Error) and code is not None and code & 0xFF in _UNWRITABLE
+
+
 def _open_db(path: pathlib.Path) -> sqlitedict.SqliteDict:
     if path.exists():
         _verify(path)
     else:
+        # A -wal or -shm left without its database (the file was deleted)
+        # would be replayed into the new one.
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.with_name(path.name + suffix))
         # Create it 0600 ourselves: SQLite would use the umask, and gives the
         # -wal and -shm files the main file's mode.
         os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
