@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import pydantic
@@ -120,23 +124,89 @@ def _add_optional_commands(commands: Any) -> None:
 
 
 def run_settings(ns: argparse.Namespace) -> settings_mod.Settings:
-    """Flags over environment over defaults; raises ConfigError on bad values."""
+    """Flags over environment over defaults; raises ConfigError on bad values.
+
+    The error names the flag and its environment variable, not the Settings
+    field, since that is what the user typed.
+    """
     given = {field: getattr(ns, field) for field, _, _ in RUN_FLAGS.values()}
     try:
         return settings_mod.Settings(**{k: v for k, v in given.items() if v is not None})
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "settings"
-        raise errors.ConfigError(f"invalid {where}: {first['msg']}") from exc
+        raise errors.ConfigError(f"invalid {_where(first['loc'])}: {first['msg']}") from exc
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    field = str(loc[0]) if loc else ""
+    for flag, (name, env, _text) in RUN_FLAGS.items():
+        if field in (name, env, f"KUBELET_DRA_{name.upper()}"):
+            return f"{flag} (or {env})"
+    return field or "settings"
 
 
 def _cmd_run(ns: argparse.Namespace) -> int:
-    from kubelet_dra import manager
+    from kubelet_dra import manager, metrics
 
     settings = run_settings(ns)
     if not settings.node_name:
         raise errors.ConfigError("--node-name (or NODE_NAME) is required")
-    return asyncio.run(_serve(manager.Sidecar(settings)))
+    if settings.metrics_address:
+        metrics.parse_address(settings.metrics_address)
+    # Credentials are checked before anything starts, so a bad kubeconfig is
+    # one line on stderr and exit 2, not a log of a half-started sidecar.
+    client = manager.load_client(settings)
+    code = _run_loop(_serve(manager.Sidecar(settings, api_client=client)))
+    _exit_if_threads_block(code)
+    return code
+
+
+def _run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """``asyncio.run`` without waiting for blocked worker threads at the end.
+
+    ``asyncio.run`` joins the default executor, and a Kubernetes call stuck on
+    a slow API server holds one of its threads for as long as the request's
+    timeout. The sidecar must exit within seconds of SIGTERM, and by the time
+    the loop ends the state file is flushed and closed, so such a call is
+    abandoned instead (see :func:`_exit_if_threads_block`).
+    """
+    loop = asyncio.new_event_loop()
+    executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="kubelet-dra-io")
+    loop.set_default_executor(executor)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            _cancel_remaining(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            executor.shutdown(wait=False, cancel_futures=True)
+            loop.close()
+
+
+def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+def _exit_if_threads_block(code: int, grace: float = 0.5) -> None:
+    """Exit now if worker threads (blocked API calls) would hold the interpreter open."""
+    deadline = time.monotonic() + grace
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    busy = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon]
+    if len(busy) > 1:  # the main thread is always there
+        logging.getLogger(__name__).info(
+            "abandoning %d API calls still in flight; the state file is closed", len(busy) - 1
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 async def _serve(sidecar: Any) -> int:
@@ -183,6 +253,10 @@ def configure_logging(verbosity: int, fmt: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC's C core logs to stderr on its own (GOAWAY notices at INFO); keep our
+    # stderr to our own log lines unless the user asked for its verbosity.
+    # Set before build_parser(), which imports grpc.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser()
     ns = parser.parse_args(argv)
     configure_logging(ns.verbose, ns.log_format)

@@ -31,6 +31,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
+import yaml
+
 from kubelet_dra import (
     claims,
     errors,
@@ -107,6 +109,9 @@ class DRAHealthManager:
         self.pods: kube.NodePods | None = None
         self.store_errors = 0
         self.store_commit_latency: Callable[[float], None] = lambda seconds: None
+        self.write_latency: Callable[[float], None] | None = None
+        """Receives each pod write's seconds at :meth:`metric_state` (the sidecar's
+        histogram); ``None`` leaves them in ``writer.stats.latencies``."""
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -182,6 +187,15 @@ class DRAHealthManager:
 
     async def _flush_once(self, failing: bool) -> bool:
         assert self.store is not None
+        if await asyncio.to_thread(self.store.replaced):
+            # SQLite would keep writing to the deleted inode without an error.
+            logger.error(
+                "health cache %s was deleted or replaced; serving from memory, writing a new one",
+                self.store.path,
+            )
+            await asyncio.to_thread(self.store.reopen, list(self.cache.records()))
+            self.store_errors += 1
+            failing = True
         if not self.store.pending:
             return failing
         started = time.perf_counter()
@@ -200,7 +214,7 @@ class DRAHealthManager:
     # -- the API side ------------------------------------------------------------
 
     async def _start_kube(self) -> None:
-        client = self._api_client or await asyncio.to_thread(_load_client, self.settings)
+        client = self._api_client or await asyncio.to_thread(load_client, self.settings)
         api = kube.Api(client)
         node = self.settings.node_name
         if not node:
@@ -295,6 +309,7 @@ class DRAHealthManager:
 
     def metric_state(self) -> metrics.State:
         """A consistent snapshot for the metrics collector (call on the loop)."""
+        self._drain_write_latencies()
         now = self.clock.now()
         devices: collections.Counter[tuple[str, str]] = collections.Counter()
         for key, record in self.cache.records():
@@ -322,6 +337,16 @@ class DRAHealthManager:
             now=now,
         )
 
+    def _drain_write_latencies(self) -> None:
+        # The writer keeps a bounded deque (newest last); the histogram must see
+        # each sample once, so samples move out of it. Between two scrapes at
+        # most the deque's maxlen writes are kept: enough at the writer's QPS.
+        if self.writer is None or self.write_latency is None:
+            return
+        latencies = self.writer.stats.latencies
+        while latencies:
+            self.write_latency(latencies.popleft())
+
     def readiness(self) -> dict[str, str]:
         """Check name -> ``"ok"`` or why not ready."""
         checks = {"store": "not open"}
@@ -334,15 +359,22 @@ class DRAHealthManager:
         if self.pods is not None:
             checks["pods"] = "ok" if self.pods.pods_synced else "pod cache not synced"
             checks["claims"] = "ok" if self.pods.claims_synced else "claim cache not synced"
+        elif self._on_status is None:
+            # API mode before the watches start: not ready, however the store is.
+            checks["pods"] = checks["claims"] = "not started"
         return checks
 
 
-def _load_client(settings: settings_mod.Settings) -> Any:
-    """The kubeconfig flag, else in-cluster config, else ``~/.kube/config``."""
+def load_client(settings: settings_mod.Settings) -> Any:
+    """The kubeconfig setting, else in-cluster config, else ``~/.kube/config``.
+
+    Every way a kubeconfig can be unusable (missing, unreadable, not YAML, not
+    a kubeconfig) is a :class:`errors.ConfigError` with one readable line: the
+    client library raises ``TypeError`` or ``KeyError`` for some malformed
+    files, which would otherwise surface as a traceback and exit code 1.
+    """
     if settings.kubeconfig is not None:
-        if not settings.kubeconfig.is_file():
-            raise errors.ConfigError(f"kubeconfig {settings.kubeconfig} is not a readable file")
-        return kube.load_client(str(settings.kubeconfig))
+        return _client_from_file(settings.kubeconfig)
     try:
         return kube.load_client(None)
     except errors.ConfigError:
@@ -351,7 +383,26 @@ def _load_client(settings: settings_mod.Settings) -> Any:
             raise errors.ConfigError(
                 "no kubeconfig: not in a cluster and ~/.kube/config does not exist"
             ) from None
-        return kube.load_client(str(default))
+        return _client_from_file(default)
+
+
+def _client_from_file(path: pathlib.Path) -> Any:
+    if not path.is_file():
+        raise errors.ConfigError(f"kubeconfig {path} is not a readable file")
+    try:
+        parsed = yaml.safe_load(path.read_bytes())
+    except OSError as exc:
+        raise errors.ConfigError(f"kubeconfig {path} cannot be read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise errors.ConfigError(f"kubeconfig {path} is not valid YAML") from exc
+    if not isinstance(parsed, dict):
+        raise errors.ConfigError(f"kubeconfig {path} is not a kubeconfig (not a YAML mapping)")
+    try:
+        return kube.load_client(str(path))
+    except errors.ConfigError:
+        raise
+    except Exception as exc:
+        raise errors.ConfigError(f"kubeconfig {path} is not a valid kubeconfig: {exc}") from exc
 
 
 class Sidecar:
@@ -364,15 +415,22 @@ class Sidecar:
         self._beat: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Sidecar:
-        settings = self.manager.settings
-        await self.manager.start()
-        if settings.metrics_address:
-            self._start_metrics(settings.metrics_address)
+        address = self.manager.settings.metrics_address
+        if address:
+            # First, so that a taken port fails before anything else starts.
+            self._start_metrics(address)
+        try:
+            await self.manager.start()
+        except BaseException:
+            await self._stop_metrics()
+            await self.manager.close()
+            raise
         return self
 
     def _start_metrics(self, address: str) -> None:
         collected = metrics.Metrics(self.manager.metric_state)
         self.manager.store_commit_latency = collected.store_commit_latency.observe
+        self.manager.write_latency = collected.write_latency.observe
         self.server = metrics.Server(
             address,
             loop=asyncio.get_running_loop(),
@@ -383,11 +441,18 @@ class Sidecar:
         self._beat = asyncio.create_task(self.server.beat(), name="heartbeat")
         logger.info("metrics, /healthz and /readyz on http://%s", self.server.address)
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def _stop_metrics(self) -> None:
         if self._beat is not None:
             self._beat.cancel()
+            await asyncio.gather(self._beat, return_exceptions=True)
+            self._beat = None
         if self.server is not None:
-            self.server.stop()
+            # shutdown() waits for the serving thread's poll; keep it off the loop.
+            await asyncio.to_thread(self.server.stop)
+            self.server = None
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stop_metrics()
         await self.manager.close()
 
 
