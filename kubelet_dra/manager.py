@@ -245,6 +245,12 @@ class DRAHealthManager:
         if self._closing or not changed:
             return
         pods = self.index.pods_for_devices(changed)
+        logger.debug(
+            "health changed for %d devices (%s); %d pods to update",
+            len(changed),
+            ", ".join(str(key) for key in changed[:5]) + (", ..." if len(changed) > 5 else ""),
+            len(pods),
+        )
         if self.writer is not None:
             self.writer.mark_dirty(pods)
         if self._on_status is not None and pods:
@@ -415,6 +421,7 @@ class Sidecar:
         self._beat: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Sidecar:
+        logger.debug("settings: %s", self.manager.settings.model_dump(mode="json"))
         address = self.manager.settings.metrics_address
         if address:
             # First, so that a taken port fails before anything else starts.
