@@ -67,6 +67,10 @@ class PodHealthUpdate:
 
 StatusCallback = Callable[[PodHealthUpdate], Awaitable[None] | None]
 
+POD_WRITE_RESULTS = ("ok", "conflict", "retried", "failed")
+"""Results of pod status writes that are always exported, zero or not (the
+writer also counts ``unchanged`` and ``gone``)."""
+
 
 class DRAHealthManager:
     """The whole pipeline. Use as ``async with DRAHealthManager(...) as m``.
@@ -108,6 +112,7 @@ class DRAHealthManager:
         self.writer: kube.StatusWriter | None = None
         self.pods: kube.NodePods | None = None
         self.store_errors = 0
+        self._expired_at_start = 0
         self.store_commit_latency: Callable[[float], None] = lambda seconds: None
         self.write_latency: Callable[[float], None] | None = None
         """Receives each pod write's seconds at :meth:`metric_state` (the sidecar's
@@ -171,6 +176,7 @@ class DRAHealthManager:
         # Leases that ran out while we were down turn Unknown now; their pods
         # are written once the pod cache has synced (every pod is checked then).
         expired = self.cache.expire(self.clock.now())
+        self._expired_at_start = len(expired)
         logger.info(
             "health cache: %d devices loaded from %s, %d expired while down",
             len(records),
@@ -319,6 +325,10 @@ class DRAHealthManager:
         now = self.clock.now()
         devices: collections.Counter[tuple[str, str]] = collections.Counter()
         for key, record in self.cache.records():
+            # Every health of a known driver is a series, zero included, so a
+            # count that drops to zero reads 0 rather than vanishing.
+            for health in models.HealthStatus:
+                devices[(key.driver, health.value)] += 0
             devices[(key.driver, record.visible(now)[0].value)] += 1
         stats = self.writer.stats if self.writer is not None else None
         return metrics.State(
@@ -333,8 +343,8 @@ class DRAHealthManager:
             },
             refused=dict(self.plugins.refused),
             devices=dict(devices),
-            lease_expiries=self.plugins.lease_expiries,
-            pod_writes=dict(stats.results) if stats else {},
+            lease_expiries=self.plugins.lease_expiries + self._expired_at_start,
+            pod_writes={**dict.fromkeys(POD_WRITE_RESULTS, 0), **(stats.results if stats else {})},
             pending_pods=stats.pending if stats else len(self._agent_dirty),
             store_pending=self.store.pending if self.store else 0,
             store_degraded=bool(self.store and self.store.degraded),
