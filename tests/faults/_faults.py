@@ -1,0 +1,172 @@
+"""Helpers of the fault-injection suite: round counts, the cluster, pod checks, leak counts.
+
+Round counts: every fault test is parametrized with a ``short`` version (the
+default run and CI) and a ``long`` one marked ``slow``. The long version's
+rounds come from ``KUBELET_DRA_FAULT_ROUNDS`` (default :data:`LONG_ROUNDS`),
+and the API outage of the long version from ``KUBELET_DRA_FAULT_OUTAGE``
+seconds (default 60).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from kubelet_dra import podstatus, settings
+from kubelet_dra.testing import FakeApiServer, make_claim, make_pod
+
+DRIVER = "gpu.example.com"
+NODE = "node-1"
+LONG_ROUNDS = 50
+
+
+def long_rounds(default: int = LONG_ROUNDS) -> int:
+    return int(os.environ.get("KUBELET_DRA_FAULT_ROUNDS", str(default)))
+
+
+def versions(short: int, long: int | None = None) -> list[Any]:
+    """``short`` and ``long`` round counts as pytest params (``long`` marked slow)."""
+    return [
+        pytest.param(short, id="short"),
+        pytest.param(
+            long if long is not None else long_rounds(), id="long", marks=pytest.mark.slow
+        ),
+    ]
+
+
+def device(
+    index: int, health: str = "Healthy", message: str = "", timeout: int = 0
+) -> dict[str, Any]:
+    return {
+        "pool": "pool",
+        "device": f"gpu-{index}",
+        "health": health,
+        "message": message,
+        "timeout_seconds": timeout,
+    }
+
+
+def resource_id(index: int) -> str:
+    return f"{DRIVER}/pool/gpu-{index}"
+
+
+def add_pod(api: FakeApiServer, name: str, index: int) -> None:
+    """A pod on our node with one claim holding device ``gpu-<index>``."""
+    api.create_claim(make_claim(f"claim-{name}", results=[(DRIVER, "pool", f"gpu-{index}", "gpu")]))
+    api.create_pod(make_pod(name, NODE, claims=[f"claim-{name}"]))
+
+
+def pod_health(api: FakeApiServer, name: str) -> dict[str, tuple[str, str]]:
+    """resourceID -> (health, message) in the pod's container ``main``."""
+    status = api.get_pod("default", name).get("status") or {}
+    entries = podstatus.container_entries(status, "containerStatuses", "main")
+    return {
+        r["resourceID"]: (r["health"], r.get("message", ""))
+        for entry in entries
+        for r in entry.get("resources", [])
+    }
+
+
+class World:
+    """What the driver reports and which pod holds which device: the expected pod status."""
+
+    def __init__(self, devices: int, rng: random.Random) -> None:
+        self.rng = rng
+        self.health = {i: ("Healthy", "") for i in range(devices)}
+        self.pods: dict[str, int] = {}
+
+    def reports(self, timeout: int = 0) -> list[dict[str, Any]]:
+        return [device(i, h, m, timeout) for i, (h, m) in sorted(self.health.items())]
+
+    def mutate(self, count: int | None = None) -> None:
+        chosen = self.rng.sample(
+            sorted(self.health), count or self.rng.randint(1, len(self.health))
+        )
+        for i in chosen:
+            if self.rng.random() < 0.5:
+                self.health[i] = ("Healthy", "")
+            else:
+                self.health[i] = ("Unhealthy", f"XID {self.rng.randint(1, 200)} ✗")
+
+    def expected(self, pod: str) -> dict[str, tuple[str, str]]:
+        health, message = self.health[self.pods[pod]]
+        return {resource_id(self.pods[pod]): (health, message)}
+
+    def wrong_pods(self, api: FakeApiServer) -> dict[str, Any]:
+        """Pods whose status differs from what the driver reports (empty when converged)."""
+        wrong = {}
+        for pod in self.pods:
+            seen = pod_health(api, pod)
+            if seen != self.expected(pod):
+                wrong[pod] = seen
+        return wrong
+
+
+def unknown_writes(api: FakeApiServer, since: float = 0.0) -> list[str]:
+    """Status writes (after ``since``) that set some resource's health to Unknown."""
+    found = []
+    for record in api.status_writes():
+        if record.timestamp >= since and record.status < 400 and '"Unknown"' in _text(record.body):
+            found.append(record.path)
+    return found
+
+
+def _text(body: Any) -> str:
+    import json
+
+    return json.dumps(body, ensure_ascii=False) if not isinstance(body, str | bytes) else str(body)
+
+
+def writes_per_pod(api: FakeApiServer) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in api.status_writes():
+        name = record.path.rsplit("/", 2)[-2]
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+async def until(predicate: Callable[[], object], timeout: float, what: str = "") -> None:
+    """Poll ``predicate`` (off nothing: it must be cheap); fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what or predicate}")
+        await asyncio.sleep(0.02)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def task_names() -> list[str]:
+    return sorted(t.get_name() for t in asyncio.all_tasks() if not t.done())
+
+
+def manager_settings(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.Settings:
+    values: dict[str, Any] = {
+        "node_name": NODE,
+        "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig"),
+        "plugins_registry": sockdir / "reg",
+        "state_dir": sockdir / "state",
+        "registry_poll_interval": 0.05,
+        "write_window": 0.01,
+        "store_flush_interval": 0.05,
+        "stream_backoff_initial": 0.05,
+        "stream_backoff_max": 0.3,
+        "get_info_timeout": 0.5,
+        "registration_backoff_initial": 0.1,
+        "registration_backoff_max": 0.5,
+    }
+    values.update(extra)
+    return settings.Settings(**values)
+
+
+def names(prefix: str, count: int) -> Sequence[str]:
+    return [f"{prefix}-{i}" for i in range(count)]
