@@ -1,0 +1,203 @@
+"""The driver killed and restarted repeatedly, and rolling upgrades, under a live pipeline.
+
+In process: FakeDriver(s) -> DRAHealthManager -> FakeApiServer. Devices must
+turn ``Unknown`` in the pods when their driver goes away and recover when it
+reports again; a rolling upgrade (old and new endpoint overlapping) must never
+show ``Unknown``. Leaks are counted: live asyncio tasks and open file
+descriptors (``/proc/self/fd``) after the last round must not exceed the count
+at the first steady state.
+
+Three ways to lose a driver: ``FakeDriver.stop()`` (sockets removed, so the
+registry watcher deregisters it), SIGKILL of a ``kubelet-dra-health
+fake-driver`` subprocess (sockets left behind: only the stream notices), and
+the old half of a rolling upgrade stopping after the new half took over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import random
+import signal
+import sys
+import time
+
+import pytest
+
+from kubelet_dra import manager
+from kubelet_dra.testing import FakeApiServer, FakeDriver
+from kubelet_dra.testing._fakedriver_control import FakeDriverClient
+
+from . import _faults as fx
+
+DEVICES = 4
+
+
+def _cluster(api: FakeApiServer, rng: random.Random) -> fx.World:
+    world = fx.World(DEVICES, rng)
+    for i in range(DEVICES):
+        fx.add_pod(api, f"pod-{i}", i)
+        world.pods[f"pod-{i}"] = i
+    return world
+
+
+def _all_unknown(api: FakeApiServer, world: fx.World) -> bool:
+    return all(
+        fx.pod_health(api, p).get(fx.resource_id(i), ("",))[0] == "Unknown"
+        for p, i in world.pods.items()
+    )
+
+
+class _Leaks:
+    """Tasks and fds at a steady state, compared with a later steady state."""
+
+    def __init__(self) -> None:
+        self.tasks = fx.task_names()
+        self.fds = fx.open_fds()
+
+    def check(self) -> str:
+        tasks, fds = fx.task_names(), fx.open_fds()
+        assert len(tasks) <= len(self.tasks), (self.tasks, tasks)
+        assert fds <= self.fds, f"{fds} open fds now, {self.fds} before"
+        return f"tasks {len(self.tasks)} -> {len(tasks)}, fds {self.fds} -> {fds}"
+
+
+@pytest.mark.parametrize("rounds", fx.versions(3))
+async def test_driver_stopped_and_restarted_with_sockets_removed(
+    sockdir: pathlib.Path, api: FakeApiServer, rounds: int, request: pytest.FixtureRequest
+) -> None:
+    request.node.add_marker(pytest.mark.timeout(60 + 3 * rounds))
+    world = _cluster(api, random.Random(rounds))
+    cfg = fx.manager_settings(sockdir, api)
+    driver = FakeDriver(name=fx.DRIVER, registry=sockdir / "reg")
+    await driver.start()
+    await driver.set_health(*world.reports())
+    try:
+        async with manager.DRAHealthManager(cfg):
+            await fx.until(lambda: not world.wrong_pods(api), 10, "first convergence")
+            leaks = _Leaks()
+            for _ in range(rounds):
+                await driver.stop()
+                await fx.until(lambda: _all_unknown(api, world), 10, "Unknown after stop")
+                world.mutate()
+                await driver.start()
+                await driver.set_health(*world.reports())
+                await fx.until(lambda: not world.wrong_pods(api), 10, "recovery")
+            await _settle()
+            summary = leaks.check()
+    finally:
+        await driver.stop()
+    print(f"\ndriver stop/start (sockets removed): {rounds} rounds, {summary}")
+
+
+@pytest.mark.parametrize("rounds", fx.versions(2))
+async def test_driver_process_sigkilled_leaving_its_sockets_and_restarted(
+    sockdir: pathlib.Path, api: FakeApiServer, rounds: int, request: pytest.FixtureRequest
+) -> None:
+    request.node.add_marker(pytest.mark.timeout(60 + 6 * rounds))
+    world = _cluster(api, random.Random(rounds))
+    cfg = fx.manager_settings(sockdir, api)
+    async with manager.DRAHealthManager(cfg):
+        async with _driver_process(sockdir, world):
+            await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+            leaks = _Leaks()
+        for _ in range(rounds):
+            # The SIGKILL left both sockets on disk: only the stream notices.
+            assert (sockdir / "reg" / f"{fx.DRIVER}-reg.sock").exists()
+            await fx.until(lambda: _all_unknown(api, world), 10, "Unknown after SIGKILL")
+            world.mutate()
+            async with _driver_process(sockdir, world):
+                await fx.until(lambda: not world.wrong_pods(api), 15, "recovery")
+        await fx.until(lambda: _all_unknown(api, world), 10, "Unknown after the last SIGKILL")
+        await _settle()
+        summary = leaks.check()
+    print(f"\ndriver SIGKILL (sockets left): {rounds} rounds, {summary}")
+
+
+@pytest.mark.parametrize("rounds", fx.versions(3))
+async def test_rolling_upgrades_never_show_unknown(
+    sockdir: pathlib.Path, api: FakeApiServer, rounds: int, request: pytest.FixtureRequest
+) -> None:
+    request.node.add_marker(pytest.mark.timeout(60 + 3 * rounds))
+    world = _cluster(api, random.Random(rounds))
+    cfg = fx.manager_settings(sockdir, api)
+    old = _generation(sockdir, 0)
+    await old.start()
+    await old.set_health(*world.reports())
+    try:
+        async with manager.DRAHealthManager(cfg) as mgr:
+            await fx.until(lambda: not world.wrong_pods(api), 10, "first convergence")
+            since = time.time()
+            leaks = _Leaks()
+            for generation in range(1, rounds + 1):
+                new = _generation(sockdir, generation)
+                await new.start()
+                world.mutate()
+                await new.set_health(*world.reports())
+                await fx.until(lambda: len(mgr.plugins.endpoints) == 2, 10, "overlap")
+                await fx.until(lambda: not world.wrong_pods(api), 10, "new endpoint's report")
+                await old.stop()
+                await fx.until(lambda: len(mgr.plugins.endpoints) == 1, 10, "old gone")
+                old = new
+            await _settle()
+            assert not world.wrong_pods(api)
+            summary = leaks.check()
+    finally:
+        await old.stop()
+    blips = fx.unknown_writes(api, since)
+    print(f"\nrolling upgrades: {rounds}, {len(blips)} Unknown blips, {summary}")
+    assert not blips
+
+
+def _generation(sockdir: pathlib.Path, generation: int) -> FakeDriver:
+    # Each generation is a new pod of the driver: own registration socket and DRA socket.
+    registry = sockdir / "reg" / f"g{generation}"
+    return FakeDriver(name=fx.DRIVER, registry=registry, plugin_dir=sockdir / f"p{generation}")
+
+
+async def _settle() -> None:
+    # Let cancelled tasks and closed channels finish before counting.
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+
+
+def _driver_process(sockdir: pathlib.Path, world: fx.World) -> _DriverContext:
+    return _DriverContext(sockdir, world)
+
+
+class _DriverContext:
+    """``kubelet-dra-health fake-driver`` as a subprocess; SIGKILLed on exit (sockets stay)."""
+
+    def __init__(self, sockdir: pathlib.Path, world: fx.World) -> None:
+        self.sockdir, self.world = sockdir, world
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> FakeDriverClient:
+        control = self.sockdir / "ctl.sock"
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "kubelet_dra",
+            "fake-driver",
+            "--name",
+            fx.DRIVER,
+            "--registry",
+            str(self.sockdir / "reg"),
+            "--control",
+            str(control),
+            "--devices",
+            json.dumps(self.world.reports()),
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[2])},
+        )
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 20)
+        assert json.loads(line)["event"] == "ready", line
+        return FakeDriverClient(control)
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
