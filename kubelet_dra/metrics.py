@@ -75,6 +75,9 @@ class Metrics:
 
     def __init__(self, state: Callable[[], State]) -> None:
         self.registry = registry.CollectorRegistry(auto_describe=True)
+        # Registered first so that a scrape takes the state (which moves the
+        # writer's latency samples into the histogram) before rendering them.
+        self.registry.register(_Collector(state))
         self.write_latency = prometheus_client.Histogram(
             f"{PREFIX}_pod_write_duration_seconds",
             "Time to write one pod's status (all attempts).",
@@ -87,7 +90,6 @@ class Metrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
         )
-        self.registry.register(_Collector(state))
 
     def render(self) -> bytes:
         return bytes(prometheus_client.generate_latest(self.registry))

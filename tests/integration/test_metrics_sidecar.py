@@ -1,0 +1,206 @@
+"""Metrics and probes of a running sidecar (``manager.Sidecar``, in process).
+
+The sidecar runs on the test's event loop; HTTP requests go from a worker
+thread, as the metrics server answers through that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import parser
+
+from kubelet_dra import manager, settings
+from kubelet_dra.testing import FakeApiServer, FakeDriver
+
+from ._driver_fixtures import wait_until
+from ._sidecar_process import DRIVER, NODE, cluster, device, health_of, http_get
+
+FAMILIES = {
+    # issue 5: per driver endpoint stream state, reconnects
+    "kubelet_dra_stream_state": "gauge",
+    "kubelet_dra_stream_reconnects": "counter",
+    # reports and device updates received, refused reports by reason
+    "kubelet_dra_reports": "counter",
+    "kubelet_dra_device_updates": "counter",
+    "kubelet_dra_refused": "counter",
+    # devices by health, lease expiries
+    "kubelet_dra_devices": "gauge",
+    "kubelet_dra_lease_expiries": "counter",
+    # pod writes by result, pending dirty pods, write latency
+    "kubelet_dra_pod_writes": "counter",
+    "kubelet_dra_pending_pods": "gauge",
+    "kubelet_dra_pod_write_duration_seconds": "histogram",
+    # store commit latency (and the store's state)
+    "kubelet_dra_store_commit_duration_seconds": "histogram",
+    "kubelet_dra_store_degraded": "gauge",
+    "kubelet_dra_store_pending_records": "gauge",
+    "kubelet_dra_store_errors": "counter",
+    # age of the last report per driver
+    "kubelet_dra_last_report_age_seconds": "gauge",
+    # the API server drops allocatedResourcesStatus (gate off)
+    "kubelet_dra_api_field_dropped": "gauge",
+}
+
+
+class Scrape:
+    """One /metrics answer, parsed."""
+
+    def __init__(self, text: str) -> None:
+        self.families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+
+    def value(self, sample: str, **labels: str) -> float | None:
+        for family in self.families.values():
+            for s in family.samples:
+                if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return float(s.value)
+        return None
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        cluster(server)
+        yield server
+
+
+def config(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.Settings:
+    values: dict[str, Any] = {
+        "node_name": NODE,
+        "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig"),
+        "plugins_registry": sockdir / "reg",
+        "state_dir": sockdir / "state",
+        "metrics_address": "127.0.0.1:0",
+        "registry_poll_interval": 0.05,
+        "write_window": 0.01,
+        "store_flush_interval": 0.05,
+        "stream_backoff_initial": 0.05,
+        "stream_backoff_max": 0.2,
+    }
+    values.update(extra)
+    return settings.Settings(**values)
+
+
+@pytest.fixture
+async def driver(sockdir: pathlib.Path) -> AsyncIterator[FakeDriver]:
+    (sockdir / "reg").mkdir(exist_ok=True)
+    async with FakeDriver(DRIVER, registry=sockdir / "reg") as fake:
+        yield fake
+
+
+async def scrape(sidecar: manager.Sidecar) -> Scrape:
+    assert sidecar.server is not None
+    code, body = await http_get(f"http://{sidecar.server.address}/metrics")
+    assert code == 200, body
+    return Scrape(body)
+
+
+async def scrape_until(
+    sidecar: manager.Sidecar, sample: str, at_least: float, **labels: str
+) -> Scrape:
+    """Scrape until ``sample`` reaches ``at_least``: the API shows a write before
+    the writer has read the answer and counted it."""
+    found: list[Scrape] = []
+
+    async def reached() -> bool:
+        found.append(await scrape(sidecar))
+        return (found[-1].value(sample, **labels) or 0) >= at_least
+
+    deadline = asyncio.get_running_loop().time() + 5
+    while not await reached():
+        assert asyncio.get_running_loop().time() < deadline, f"{sample}{labels} < {at_least}"
+        await asyncio.sleep(0.02)
+    return found[-1]
+
+
+async def probe(sidecar: manager.Sidecar, path: str) -> tuple[int, str]:
+    assert sidecar.server is not None
+    return await http_get(f"http://{sidecar.server.address}{path}")
+
+
+async def test_readyz_is_503_until_the_pod_cache_syncs(
+    sockdir: pathlib.Path, api: FakeApiServer
+) -> None:
+    # The first pod list is slow: the sidecar is up but not ready.
+    api.delay("GET", r"/pods$", 1.0, times=1, watch=False)
+    async with manager.Sidecar(config(sockdir, api)) as sidecar:
+        code, body = await probe(sidecar, "/readyz")
+        assert code == 503
+        detail = json.loads(body)
+        assert detail["ready"] is False
+        assert detail["checks"]["store"] == "ok"
+        assert detail["checks"]["pods"] in ("pod cache not synced", "not started")
+        assert (await probe(sidecar, "/healthz"))[0] == 200
+        await wait_until(lambda: sidecar.manager.readiness().get("claims") == "ok", timeout=5)
+        code, body = await probe(sidecar, "/readyz")
+        assert code == 200, body
+        assert json.loads(body) == {
+            "ready": True,
+            "checks": {"claims": "ok", "pods": "ok", "store": "ok"},
+        }
+
+
+async def test_every_metric_family_is_exported(
+    sockdir: pathlib.Path, api: FakeApiServer, driver: FakeDriver
+) -> None:
+    await driver.set_health(device("gpu-0"), device("gpu-1"))
+    async with manager.Sidecar(config(sockdir, api)) as sidecar:
+        await wait_until(lambda: health_of(api, "train-a", "gpu-0") == "Healthy")
+        found = await scrape(sidecar)
+    exported = {name: family.type for name, family in found.families.items()}
+    missing = {n: t for n, t in FAMILIES.items() if exported.get(n) != t}
+    assert not missing, f"missing or wrong type: {missing}; exported: {sorted(exported)}"
+
+
+async def test_metric_values_follow_the_pipeline(
+    sockdir: pathlib.Path, api: FakeApiServer, driver: FakeDriver
+) -> None:
+    await driver.set_health(device("gpu-0"), device("gpu-1"))
+    cfg = config(sockdir, api, health_timeout=0.5)
+    async with manager.Sidecar(cfg) as sidecar:
+        await wait_until(lambda: health_of(api, "train-b", "gpu-1") == "Healthy")
+        first = await scrape_until(sidecar, "kubelet_dra_pod_writes_total", 2, result="ok")
+        assert first.value("kubelet_dra_reports_total", driver=DRIVER) == 1
+        assert first.value("kubelet_dra_device_updates_total", driver=DRIVER) == 2
+        assert first.value("kubelet_dra_devices", driver=DRIVER, health="Healthy") == 2
+        assert first.value("kubelet_dra_devices", driver=DRIVER, health="Unhealthy") == 0
+        assert first.value("kubelet_dra_stream_state", driver=DRIVER, state="streaming") == 1
+        assert first.value("kubelet_dra_stream_state", driver=DRIVER, state="backoff") == 0
+        assert first.value("kubelet_dra_pod_writes_total", result="failed") == 0
+        assert (first.value("kubelet_dra_pod_write_duration_seconds_count") or 0) >= 2
+        age = first.value("kubelet_dra_last_report_age_seconds", driver=DRIVER)
+        assert age is not None and 0 <= age < 5
+
+        # A bad report: an entry without a device name is refused and counted.
+        await driver.set_health(device("gpu-0", "Unhealthy", message="XID 48"), device(""))
+        await wait_until(lambda: health_of(api, "train-a", "gpu-0") == "Unhealthy")
+        ok_before = first.value("kubelet_dra_pod_writes_total", result="ok") or 0
+        second = await scrape_until(
+            sidecar, "kubelet_dra_pod_writes_total", ok_before + 1, result="ok"
+        )
+        assert second.value("kubelet_dra_reports_total", driver=DRIVER) == 2
+        assert second.value("kubelet_dra_devices", driver=DRIVER, health="Unhealthy") == 1
+        assert second.value("kubelet_dra_refused_total", driver=DRIVER, reason="empty_name") == 1
+        assert (second.value("kubelet_dra_store_commit_duration_seconds_count") or 0) >= 1
+
+        # Silence: the node default lease of 0.5 s runs out for both devices.
+        driver.set_silent(True)
+        await wait_until(lambda: health_of(api, "train-a", "gpu-0") == "Unknown")
+        await wait_until(lambda: health_of(api, "train-b", "gpu-1") == "Unknown")
+        third = await scrape_until(sidecar, "kubelet_dra_lease_expiries_total", 2)
+        assert third.value("kubelet_dra_lease_expiries_total") == 2
+        assert third.value("kubelet_dra_devices", driver=DRIVER, health="Unknown") == 2
+
+        # The driver goes away: its stream backs off and reconnects.
+        driver.set_silent(False)
+        await driver.end_streams("UNAVAILABLE")
+        await wait_until(lambda: driver.calls["NodeWatchResources/v1"] >= 2)
+        fourth = await scrape(sidecar)
+        assert (fourth.value("kubelet_dra_stream_reconnects_total", driver=DRIVER) or 0) >= 1
+        assert fourth.value("kubelet_dra_pending_pods") is not None
+        assert fourth.value("kubelet_dra_store_degraded") == 0
