@@ -130,8 +130,12 @@ def run_settings(ns: argparse.Namespace) -> settings_mod.Settings:
     field, since that is what the user typed.
     """
     given = {field: getattr(ns, field) for field, _, _ in RUN_FLAGS.values()}
+    values = {k: v for k, v in given.items() if v is not None}
+    if "kubeconfig" not in values and os.environ.get("KUBECONFIG") == "":
+        # An empty KUBECONFIG means "unset" to kubectl; pydantic would read it as ".".
+        values["kubeconfig"] = None
     try:
-        return settings_mod.Settings(**{k: v for k, v in given.items() if v is not None})
+        return settings_mod.Settings(**values)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         raise errors.ConfigError(f"invalid {_where(first['loc'])}: {first['msg']}") from exc

@@ -156,6 +156,11 @@ def test_empty_string_disables(flag: str, value: str) -> None:
     assert getattr(parse("--node-name", "n", flag, value), field) == ""
 
 
+def test_empty_kubeconfig_variable_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", "")
+    assert parse().kubeconfig is None
+
+
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str]]:
     with pytest.raises(SystemExit) as exited:
         raise SystemExit(cli.main(list(argv)))
