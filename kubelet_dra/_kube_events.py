@@ -99,9 +99,7 @@ class EventRecorder:
             if series.name:
                 await patch(namespace, series.name, self._update_body(series, now))
             else:
-                body = self._create_body(series, now)
-                await create(namespace, body)
-                series.name = body["metadata"]["name"]
+                await self._create(series, namespace, now, create, patch)
         except Exception as exc:
             transient = getattr(exc, "transient", False)
             logger.log(
@@ -114,6 +112,22 @@ class EventRecorder:
         self.sent += 1
         series.sent_count = series.count
         series.last_sent = now
+
+    async def _create(
+        self, series: _Series, namespace: str, now: float, create: Create, patch: Patch
+    ) -> None:
+        body = self._create_body(series, now)
+        name = body["metadata"]["name"]
+        try:
+            await create(namespace, body)
+        except Exception as exc:
+            # The name is derived from the series, so "already exists" means an
+            # earlier create landed (its answer was lost, or two flushes raced):
+            # the series is created; update it instead of giving up.
+            if getattr(exc, "status", None) != 409:
+                raise
+            await patch(namespace, name, self._update_body(series, now))
+        series.name = name
 
     def _create_body(self, series: _Series, now: float) -> Obj:
         stamp = podstatus.rfc3339(now)

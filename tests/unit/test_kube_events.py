@@ -1,0 +1,51 @@
+"""Event series: a create whose earlier attempt already landed becomes an update."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubelet_dra import _kube_events, errors
+from kubelet_dra.clock import FakeClock
+
+POD = {"kind": "Pod", "name": "p", "namespace": "default", "uid": "u1"}
+
+
+class Api:
+    def __init__(self, *, create_status: int | None) -> None:
+        self.create_status = create_status
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def create(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("create", body["metadata"]["name"], body))
+        if self.create_status is not None:
+            raise errors.ApiError("already exists", status=self.create_status)
+        return body
+
+    async def patch(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("patch", name, body))
+        return body
+
+
+async def test_already_exists_on_create_is_patched_not_lost() -> None:
+    clock = FakeClock()
+    recorder = _kube_events.EventRecorder(node="n", clock=clock, interval=0)
+    api = Api(create_status=409)
+    recorder.record(POD, _kube_events.DEVICE_UNHEALTHY, "gpu-0 Unhealthy")
+    await recorder.flush(api.create, api.patch)
+    assert [c[0] for c in api.calls] == ["create", "patch"]
+    assert api.calls[0][1] == api.calls[1][1]
+    recorder.record(POD, _kube_events.DEVICE_UNHEALTHY, "gpu-0 Unhealthy again")
+    clock.advance(1)
+    await recorder.flush(api.create, api.patch)
+    assert api.calls[-1][0] == "patch"
+    assert api.calls[-1][2]["count"] == 2
+    assert recorder.pending() == 0
+
+
+async def test_other_create_errors_give_the_occurrence_up() -> None:
+    recorder = _kube_events.EventRecorder(node="n", clock=FakeClock(), interval=0)
+    api = Api(create_status=403)
+    recorder.record(POD, _kube_events.DEVICE_UNHEALTHY, "gpu-0 Unhealthy")
+    await recorder.flush(api.create, api.patch)
+    assert [c[0] for c in api.calls] == ["create"]
+    assert recorder.pending() == 0
