@@ -87,21 +87,6 @@ class StoredDevice(pydantic.BaseModel):
     driver_time: int = 0
     endpoint: str = ""
 
-    @classmethod
-    def of(cls, key: models.DeviceKey, record: models.DeviceHealth) -> StoredDevice:
-        return cls.model_construct(
-            v=SCHEMA_VERSION,
-            driver=key.driver,
-            pool=key.pool,
-            device=key.device,
-            health=record.health,
-            message=record.message,
-            lease=record.lease,
-            last_report=record.last_report,
-            driver_time=record.driver_time,
-            endpoint=record.endpoint,
-        )
-
     def to_record(self) -> tuple[models.DeviceKey, models.DeviceHealth]:
         key = models.DeviceKey(self.driver, self.pool, self.device)
         record = models.DeviceHealth(
