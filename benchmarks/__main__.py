@@ -85,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     failed = [o.name for o in outcomes if o.failures]
     for outcome in outcomes:
-        outcome.failures = [f if f.startswith(("WRONG", "ERROR")) else f"WRONG RESULT: {f}" for f in outcome.failures]
-    print(f"\nTotal {time.perf_counter() - started:.0f} s; load average at end {c.machine()['load']}.")
+        outcome.failures = [
+            f if f.startswith(("WRONG", "ERROR")) else f"WRONG RESULT: {f}"
+            for f in outcome.failures
+        ]
+    print(
+        f"\nTotal {time.perf_counter() - started:.0f} s; load average at end {c.machine()['load']}."
+    )
     if ns.json:
         with open(ns.json, "w") as fh:
             json.dump(

@@ -37,6 +37,9 @@ OTHER_NODE = "node-2"
 POOL = "pool"
 
 
+_ROOT = str(pathlib.Path(__file__).resolve().parent.parent)  # where ``benchmarks`` imports from
+
+
 class CheckFailed(AssertionError):
     """A benchmark produced a wrong final state: the run fails."""
 
@@ -61,7 +64,8 @@ class Spread:
         return cls(statistics.median(data), data[0], data[-1], len(data))
 
     def fmt(self, unit: str = "", digits: int = 3) -> str:
-        return f"{_num(self.median, digits)}{unit} [{_num(self.low, digits)}–{_num(self.high, digits)}]"
+        low, high = _num(self.low, digits), _num(self.high, digits)
+        return f"{_num(self.median, digits)}{unit} [{low}-{high}]"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -160,12 +164,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def wait_until(predicate: Callable[[], object], *, timeout: float, what: str) -> None:
+async def wait_until(
+    predicate: Callable[[], object], *, timeout: float, what: str, interval: float = 0.005
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise CheckFailed(f"timed out after {timeout:.0f} s waiting for {what}")
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(interval)
 
 
 def vm_status(pid: int) -> dict[str, int]:
@@ -176,6 +182,19 @@ def vm_status(pid: int) -> dict[str, int]:
         if key in ("VmHWM", "VmRSS"):
             found[key] = int(value.split()[0])
     return found
+
+
+def api_server() -> Any:
+    """A FakeApiServer whose sockets send at once (TCP_NODELAY), as kube-apiserver's do.
+
+    The stand-in's handler writes a response's headers and body separately;
+    without TCP_NODELAY, Nagle's algorithm holds the body until the client's
+    delayed ACK (about 40 ms on Linux loopback), which would swamp every figure.
+    """
+    from kubelet_dra.testing import FakeApiServer, _fakeapi_http
+
+    _fakeapi_http.Handler.disable_nagle_algorithm = True
+    return FakeApiServer()
 
 
 # -- the cluster in the API stand-in ------------------------------------------------
@@ -371,7 +390,7 @@ class DriverProcess:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=quiet_env(),
-            cwd=str(pathlib.Path(__file__).resolve().parent.parent),
+            cwd=_ROOT,
         )
         self._reader = asyncio.create_task(self._read())
         ready = await self.expect("ready", timeout=30)
@@ -480,23 +499,25 @@ async def grpc_floor(workdir: pathlib.Path, samples: int) -> list[float]:
 
     received: asyncio.Queue[float] = asyncio.Queue()
     found: list[float] = []
-    async with FakeDriver(name="floor.example.com", registry=workdir / "floor-reg") as drv:
-        async with grpc.aio.insecure_channel(f"unix:{drv.dra_socket}") as channel:
-            call = pb_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
-                pb.NodeWatchResourcesRequest()
-            )
+    async with (
+        FakeDriver(name="floor.example.com", registry=workdir / "floor-reg") as drv,
+        grpc.aio.insecure_channel(f"unix:{drv.dra_socket}") as channel,
+    ):
+        call = pb_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            pb.NodeWatchResourcesRequest()
+        )
 
-            async def read() -> None:
-                async for _response in call:
-                    received.put_nowait(time.time())
+        async def read() -> None:
+            async for _response in call:
+                received.put_nowait(time.time())
 
-            reader = asyncio.create_task(read())
-            await drv.wait_for_streams(1)
-            for k in range(samples):
-                health = "Healthy" if k % 2 else "Unhealthy"
-                sent = time.time()
-                await drv.set_health({"pool": POOL, "device": "d", "health": health})
-                found.append(await asyncio.wait_for(received.get(), 5) - sent)
-            call.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+        reader = asyncio.create_task(read())
+        await drv.wait_for_streams(1)
+        for k in range(samples):
+            health = "Healthy" if k % 2 else "Unhealthy"
+            sent = time.time()
+            await drv.set_health({"pool": POOL, "device": "d", "health": health})
+            found.append(await asyncio.wait_for(received.get(), 5) - sent)
+        call.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
     return found

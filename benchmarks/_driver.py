@@ -112,7 +112,10 @@ class BenchDriver(FakeDriver):
         if p not in self._patterns:
             self._patterns[p] = [
                 encode(
-                    [(i, pattern_health(i, p)) for i in range(s, min(s + self.chunk, self.devices))],
+                    [
+                        (i, pattern_health(i, p))
+                        for i in range(s, min(s + self.chunk, self.devices))
+                    ],
                     self.lease,
                 )
                 for s in range(0, self.devices, self.chunk)
@@ -123,7 +126,11 @@ class BenchDriver(FakeDriver):
         super()._add_dra_services(server)
         handler = grpc.unary_stream_rpc_method_handler(self._stream)
         server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("v1.DRAResourceHealth", {"NodeWatchResources": handler}),)
+            (
+                grpc.method_handlers_generic_handler(
+                    "v1.DRAResourceHealth", {"NodeWatchResources": handler}
+                ),
+            )
         )
 
     async def _stream(self, request: Any, context: Any) -> AsyncIterator[bytes]:

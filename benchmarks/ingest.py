@@ -81,7 +81,9 @@ async def _pipeline_once(
             f"{sum(1 for k, v in expected.items() if got.get(k) != v)} wrong, "
             f"{stats.device_updates} updates for {total} sent"
         )
-    bad = [r for r in stored.values() if r.health is models.HealthStatus.UNHEALTHY and not r.message]
+    bad = [
+        r for r in stored.values() if r.health is models.HealthStatus.UNHEALTHY and not r.message
+    ]
     if bad:
         raise c.CheckFailed(f"ingest {devices}: {len(bad)} Unhealthy records lost their message")
     return total / elapsed
@@ -137,10 +139,10 @@ async def run(config: Config) -> c.Outcome:
         ratio = c.Spread.of(a / b for a, b in zip(ours, floor, strict=True))
         summary_ratio[devices] = (o, f, ratio)
         rows.append(
-            (f"{devices:,}", f"{devices * sweeps:,}", o.fmt("/s"), f.fmt("/s"), ratio.fmt(" ×", 2))
+            (f"{devices:,}", f"{devices * sweeps:,}", o.fmt("/s"), f.fmt("/s"), ratio.fmt(" x", 2))
         )
     out.table(
-        "Ingest: device updates/s, stream → cache → committed store (median [min–max])",
+        "Ingest: device updates/s, stream → cache → committed store (median [min-max])",
         ["devices", "updates per run", "pipeline", "floor: bare client", "pipeline / floor"],
         rows,
     )

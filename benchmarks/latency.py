@@ -37,7 +37,7 @@ class Config:
 
 
 FULL = Config(changes=200, floor_samples=300, windows=(0.05, 0.0))
-QUICK = Config(changes=40, floor_samples=100, windows=(0.05, 0.0))
+QUICK = Config(changes=30, floor_samples=100, windows=(0.05, 0.0))
 SMOKE = Config(changes=5, floor_samples=10, windows=(0.0,))
 
 
@@ -46,7 +46,10 @@ def _device(i: int, health: str) -> dict[str, object]:
 
 
 async def _measure(api: FakeApiServer, workdir, window: float, changes: int) -> list[float]:  # type: ignore[no-untyped-def]
-    layout = {f"pod-{p:04d}": [p * DEVICES_PER_POD + k for k in range(DEVICES_PER_POD)] for p in range(PODS)}
+    layout = {
+        f"pod-{p:04d}": [p * DEVICES_PER_POD + k for k in range(DEVICES_PER_POD)]
+        for p in range(PODS)
+    }
     total = PODS * DEVICES_PER_POD
     registry = workdir / f"reg-{window}"
     state = {i: "Healthy" for i in range(total)}
@@ -54,30 +57,39 @@ async def _measure(api: FakeApiServer, workdir, window: float, changes: int) -> 
     samples: list[float] = []
     async with FakeDriver(name=c.DRIVER, registry=registry) as drv:
         await drv.set_health(*[_device(i, "Healthy") for i in range(total)])
-        sidecar = c.SidecarProcess(workdir / f"side-{window}", api, registry=registry, write_window=window)
+        sidecar = c.SidecarProcess(
+            workdir / f"side-{window}", api, registry=registry, write_window=window
+        )
         with sidecar:
             await sidecar.wait_ready()
             await c.wait_until(
                 lambda: c.pods_match(api, layout, state.__getitem__), timeout=60,
-                what="every pod showing Healthy",
+                what="every pod showing Healthy", interval=0.05,
             )  # fmt: skip
             for _ in range(changes):
                 pod = rng.randrange(PODS)
                 device = pod * DEVICES_PER_POD + rng.randrange(DEVICES_PER_POD)
                 state[device] = "Unhealthy" if state[device] == "Healthy" else "Healthy"
-                rid, want, path = c.resource_id(device), state[device], f"/pods/pod-{pod:04d}/status"
+                rid, want, path = (
+                    c.resource_id(device),
+                    state[device],
+                    f"/pods/pod-{pod:04d}/status",
+                )
                 api.reset_log()
                 sent = time.time()
                 await drv.set_health(_device(device, want))
 
-                def arrived() -> float | None:
+                def arrived(path: str = path, rid: str = rid, want: str = want) -> float | None:
                     for r in api.requests:
-                        if r.is_status_write and r.path.endswith(path):
-                            if c.health_entries((r.body or {}).get("status") or {}).get(rid) == want:
-                                return r.timestamp
+                        body = (r.body or {}).get("status") or {}
+                        ours = r.is_status_write and r.path.endswith(path)
+                        if ours and c.health_entries(body).get(rid) == want:
+                            return r.timestamp
                     return None
 
-                await c.wait_until(lambda: arrived() is not None, timeout=10, what=f"PATCH of {rid}")
+                await c.wait_until(
+                    lambda: arrived() is not None, timeout=10, what=f"PATCH of {rid}"
+                )
                 samples.append(float(arrived() or 0.0) - sent)
                 await asyncio.sleep(window + 0.01)
             await asyncio.sleep(0.3)
@@ -89,20 +101,22 @@ async def _measure(api: FakeApiServer, workdir, window: float, changes: int) -> 
 
 async def run(config: Config) -> c.Outcome:
     out = c.Outcome(NAME)
-    with c.short_tmpdir() as workdir, FakeApiServer() as api:
+    with c.short_tmpdir() as workdir, c.api_server() as api:
         c.build_cluster(api, pods=PODS, devices_per_pod=DEVICES_PER_POD)
         grpc_s = c.Spread.of(await c.grpc_floor(workdir, config.floor_samples))
         patch_s = c.Spread.of(c.patch_floor(api, config.floor_samples))
         floor = grpc_s.median + patch_s.median
         results = {w: await _measure(api, workdir, w, config.changes) for w in config.windows}
     ms = 1000.0
-    rows = [("floor: one gRPC message", c.num(grpc_s.median * ms), "", "", c.num(grpc_s.high * ms), ""),
-            ("floor: one raw PATCH", c.num(patch_s.median * ms), "", "", c.num(patch_s.high * ms), "")]  # fmt: skip
+    rows = [
+        ("floor: one gRPC message", c.num(grpc_s.median * ms), "", "", c.num(grpc_s.high * ms), ""),
+        ("floor: one raw PATCH", c.num(patch_s.median * ms), "", "", c.num(patch_s.high * ms), ""),
+    ]
     for window, samples in results.items():
         p50, p90, p99 = (c.percentile(samples, q) for q in (50, 90, 99))
         rows.append(
             (f"pipeline, write_window={window * ms:g} ms", c.num(p50 * ms), c.num(p90 * ms),
-             c.num(p99 * ms), c.num(max(samples) * ms), f"{p50 / floor:.1f} ×")
+             c.num(p99 * ms), c.num(max(samples) * ms), f"{p50 / floor:.1f} x")
         )  # fmt: skip
         met = p50 <= 3 * floor and p99 < 0.010
         out.summary.append(
@@ -110,14 +124,14 @@ async def run(config: Config) -> c.Outcome:
                 f"2 latency, window {window * ms:g} ms",
                 f"p50 {c.num(p50 * ms)} ms, p99 {c.num(p99 * ms)} ms",
                 f"{c.num(floor * ms)} ms (gRPC + PATCH)",
-                f"{p50 / floor:.1f}×",
-                "p50 ≤ 3× floor, p99 < 10 ms",
+                f"{p50 / floor:.1f}x",
+                "p50 ≤ 3x floor, p99 < 10 ms",
                 met,
             )
         )
     out.table(
         f"Latency: driver send → PATCH at the API, ms ({config.changes} single-device changes, "
-        f"{PODS} pods × {DEVICES_PER_POD} devices)",
+        f"{PODS} pods x {DEVICES_PER_POD} devices)",
         ["path", "p50", "p90", "p99", "max", "p50 / floor"],
         rows,
     )

@@ -36,7 +36,7 @@ class Config:
 
 
 FULL = Config(sizes=(1_000, 10_000, 100_000), runs=5, seconds=1.5, max_changes=300_000)
-QUICK = Config(sizes=(1_000, 10_000, 100_000), runs=2, seconds=0.4, max_changes=60_000)
+QUICK = Config(sizes=(1_000, 10_000, 100_000), runs=2, seconds=0.3, max_changes=60_000)
 SMOKE = Config(sizes=(1_000,), runs=1, seconds=0.2, max_changes=5_000)
 
 
@@ -93,7 +93,9 @@ def _expected(devices: int, changes: list[tuple[int, bool]]) -> dict[str, str]:
     return state
 
 
-def _baseline(workdir: pathlib.Path, devices: int, changes: list[tuple[int, bool]], budget: float) -> float:
+def _baseline(
+    workdir: pathlib.Path, devices: int, changes: list[tuple[int, bool]], budget: float
+) -> float:
     kubelet = KubeletFile(workdir / "dra_health_state", devices)
     kubelet.write()
     done = 0
@@ -109,7 +111,9 @@ def _baseline(workdir: pathlib.Path, devices: int, changes: list[tuple[int, bool
     return done / elapsed
 
 
-def _ours(workdir: pathlib.Path, devices: int, changes: list[tuple[int, bool]], budget: float) -> float:
+def _ours(
+    workdir: pathlib.Path, devices: int, changes: list[tuple[int, bool]], budget: float
+) -> float:
     state_dir = workdir / "ours"
     db = store.HealthStore.open(state_dir)
     now = time.time()
@@ -154,10 +158,15 @@ async def run(config: Config) -> c.Outcome:
         o, b = c.Spread.of(ours), c.Spread.of(base)
         ratio = c.Spread.of(x / y for x, y in zip(ours, base, strict=True))
         at[devices] = (o, b, ratio)
-        rows.append((f"{devices:,}", o.fmt("/s"), b.fmt("/s"), ratio.fmt(" ×")))
+        rows.append((f"{devices:,}", o.fmt("/s"), b.fmt("/s"), ratio.fmt(" x")))
     out.table(
-        "Persistence: changes/s persisted (median [min–max])",
-        ["devices", "our store (staged, commit per 0.2 s)", "kubelet design (JSON + rename)", "ours / kubelet"],
+        "Persistence: changes/s persisted (median [min-max])",
+        [
+            "devices",
+            "our store (staged, commit per 0.2 s)",
+            "kubelet design (JSON + rename)",
+            "ours / kubelet",
+        ],
         rows,
     )
     sizes = sorted(at)
@@ -165,8 +174,8 @@ async def run(config: Config) -> c.Outcome:
         lo, hi = sizes[0], sizes[-1]
         out.notes.append(
             f"From {lo:,} to {hi:,} devices the kubelet design's rate falls "
-            f"{at[lo][1].median / at[hi][1].median:.0f}× (every change rewrites every device: "
-            f"O(devices) per change); ours falls {at[lo][0].median / at[hi][0].median:.1f}× "
+            f"{at[lo][1].median / at[hi][1].median:.0f}x (every change rewrites every device: "
+            f"O(devices) per change); ours falls {at[lo][0].median / at[hi][0].median:.1f}x "
             "(O(1) per change; a commit's cost grows with the rows changed, not the file size)."
         )
     for devices, (o, b, ratio) in at.items():
@@ -176,8 +185,8 @@ async def run(config: Config) -> c.Outcome:
                 f"4 persistence, {devices:,} devices",
                 f"{c.num(o.median)} changes/s",
                 f"{c.num(b.median)} /s (kubelet JSON)",
-                f"{ratio.median:,.0f}×",
-                "≥ 50× at 10,000" if target else "report growth",
+                f"{ratio.median:,.0f}x",
+                "≥ 50x at 10,000" if target else "report growth",
                 ratio.median >= 50 if target else None,
             )
         )
