@@ -71,6 +71,9 @@ def load_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
             )
     except (kubernetes.config.ConfigException, OSError) as exc:
         raise errors.ConfigError(f"cannot load Kubernetes credentials: {exc}") from exc
+    # Our callers retry with backoff (tenacity, watch loops); urllib3's own three
+    # immediate retries under them multiplied every attempt by four in an outage.
+    config.retries = 0
     return kubernetes.client.ApiClient(config)
 
 
