@@ -31,12 +31,18 @@ def long_rounds(default: int = LONG_ROUNDS) -> int:
     return int(os.environ.get("KUBELET_DRA_FAULT_ROUNDS", str(default)))
 
 
-def versions(short: int, long: int | None = None) -> list[Any]:
-    """``short`` and ``long`` round counts as pytest params (``long`` marked slow)."""
+def versions(short: int, *, per_round: float = 5.0, long: int | None = None) -> list[Any]:
+    """``short`` and ``long`` round counts as pytest params (``long`` marked slow).
+
+    Each gets a timeout of 60 s plus ``per_round`` seconds a round.
+    """
+    many = long if long is not None else long_rounds()
     return [
-        pytest.param(short, id="short"),
+        pytest.param(short, id="short", marks=pytest.mark.timeout(60 + per_round * short)),
         pytest.param(
-            long if long is not None else long_rounds(), id="long", marks=pytest.mark.slow
+            many,
+            id="long",
+            marks=[pytest.mark.slow, pytest.mark.timeout(60 + per_round * many)],
         ),
     ]
 

@@ -66,9 +66,8 @@ class _Leaks:
 
 @pytest.mark.parametrize("rounds", fx.versions(3))
 async def test_driver_stopped_and_restarted_with_sockets_removed(
-    sockdir: pathlib.Path, api: FakeApiServer, rounds: int, request: pytest.FixtureRequest
+    sockdir: pathlib.Path, api: FakeApiServer, rounds: int
 ) -> None:
-    request.node.add_marker(pytest.mark.timeout(60 + 3 * rounds))
     world = _cluster(api, random.Random(rounds))
     cfg = fx.manager_settings(sockdir, api)
     driver = FakeDriver(name=fx.DRIVER, registry=sockdir / "reg")
@@ -92,11 +91,10 @@ async def test_driver_stopped_and_restarted_with_sockets_removed(
     print(f"\ndriver stop/start (sockets removed): {rounds} rounds, {summary}")
 
 
-@pytest.mark.parametrize("rounds", fx.versions(2))
+@pytest.mark.parametrize("rounds", fx.versions(2, per_round=6))
 async def test_driver_process_sigkilled_leaving_its_sockets_and_restarted(
-    sockdir: pathlib.Path, api: FakeApiServer, rounds: int, request: pytest.FixtureRequest
+    sockdir: pathlib.Path, api: FakeApiServer, rounds: int
 ) -> None:
-    request.node.add_marker(pytest.mark.timeout(60 + 6 * rounds))
     world = _cluster(api, random.Random(rounds))
     cfg = fx.manager_settings(sockdir, api)
     async with manager.DRAHealthManager(cfg):
@@ -118,9 +116,8 @@ async def test_driver_process_sigkilled_leaving_its_sockets_and_restarted(
 
 @pytest.mark.parametrize("rounds", fx.versions(3))
 async def test_rolling_upgrades_never_show_unknown(
-    sockdir: pathlib.Path, api: FakeApiServer, rounds: int, request: pytest.FixtureRequest
+    sockdir: pathlib.Path, api: FakeApiServer, rounds: int
 ) -> None:
-    request.node.add_marker(pytest.mark.timeout(60 + 3 * rounds))
     world = _cluster(api, random.Random(rounds))
     cfg = fx.manager_settings(sockdir, api)
     old = _generation(sockdir, 0)

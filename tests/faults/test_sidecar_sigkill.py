@@ -32,11 +32,10 @@ from . import _faults as fx
 DEVICES = 6
 
 
-@pytest.mark.parametrize("rounds", fx.versions(4))
+@pytest.mark.parametrize("rounds", fx.versions(4, per_round=8))
 async def test_sigkill_at_random_moments_loses_no_final_state_and_never_blips_unknown(
-    sockdir: pathlib.Path, api: FakeApiServer, rounds: int, request: pytest.FixtureRequest
+    sockdir: pathlib.Path, api: FakeApiServer, rounds: int
 ) -> None:
-    request.node.add_marker(pytest.mark.timeout(60 + 8 * rounds))
     rng = random.Random(4680 + rounds)
     world = fx.World(DEVICES, rng)
     for i in range(DEVICES):

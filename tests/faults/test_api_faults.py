@@ -1,0 +1,261 @@
+"""The API server misbehaving under a live pipeline: every pod must end exact, no retry storm.
+
+In process: FakeDriver -> DRAHealthManager -> FakeApiServer. In each scenario
+the fault starts after the first convergence; while it lasts the driver
+changes its report several times and a new pod arrives; then the fault ends
+and every pod must show the driver's last report. Requests are counted per pod
+(status writes) and in total, and the writer's dirty set must stay within the
+number of pods (no unbounded memory).
+
+The outage is real: a TCP proxy in front of the API server stops listening
+(connection refused) for ``KUBELET_DRA_FAULT_OUTAGE`` seconds in the long
+version (default 60) and 3 s in the short one. The writer's and the pod
+watch's backoffs run on the same real clock either way; only the length
+differs. Connection attempts during the outage are counted through urllib3's
+``create_connection``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import urllib3.util.connection
+
+from kubelet_dra import manager
+from kubelet_dra.testing import FakeApiServer, FakeDriver
+
+from . import _faults as fx
+from ._proxy import Proxy
+
+PODS = 6
+OUTAGE = float(os.environ.get("KUBELET_DRA_FAULT_OUTAGE", "60"))
+CHANGES = 4
+
+
+def _start_fault(name: str, api: FakeApiServer, seconds: float) -> Callable[[], None]:
+    """Apply a fault; return what ends it."""
+    if name in ("500", "503"):
+        rule = api.fail(None, r"/pods", code=int(name), times=30)
+        return lambda: api.clear_fault(rule)
+    if name == "429":
+        rule = api.fail(None, r"/pods", code=429, retry_after=1, times=30)
+        return lambda: api.clear_fault(rule)
+    if name == "slow":
+        rule = api.delay(None, r"/pods", seconds)
+        return lambda: api.clear_fault(rule)
+    if name == "409":
+        api.conflict_first_write = True
+        return lambda: setattr(api, "conflict_first_write", False)
+    if name == "watch-drops":
+        api.max_watch_seconds = 0.5
+        rule = api.drop_connection("GET", r"/pods", times=5, watch=True)
+
+        def end() -> None:
+            api.max_watch_seconds = None
+            api.clear_fault(rule)
+
+        return end
+    raise AssertionError(name)
+
+
+SCENARIOS = [
+    pytest.param("500", 0.0, id="500-run"),
+    pytest.param("503", 0.0, id="503-run"),
+    pytest.param("429", 0.0, id="429-run"),
+    pytest.param("slow", 1.0, id="slow-1s"),
+    pytest.param("slow", 3.0, id="slow-3s", marks=pytest.mark.slow),
+    pytest.param("409", 0.0, id="409-first-write"),
+    pytest.param("watch-drops", 0.0, id="watch-drops"),
+]
+
+
+@pytest.mark.parametrize(("fault", "seconds"), SCENARIOS)
+async def test_api_fault_every_pod_ends_exact_without_a_retry_storm(
+    sockdir: pathlib.Path, api: FakeApiServer, fault: str, seconds: float
+) -> None:
+    async def during() -> None:
+        end = _start_fault(fault, api, seconds)
+        try:
+            await _changes(driver, world, api, pause=max(0.2, seconds / 2))
+        finally:
+            end()
+
+    world, driver = await _setup(sockdir, api, random.Random(fault))
+    cfg = fx.manager_settings(sockdir, api)
+    async with driver, manager.DRAHealthManager(cfg) as mgr:
+        await driver.set_health(*world.reports())
+        await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+        api.reset_log()
+        peak = _PeakPending(mgr)
+        async with peak:
+            await during()
+            await fx.until(lambda: not world.wrong_pods(api), 30, f"convergence after {fault}")
+        _report(fault, api, world, peak.value)
+
+
+async def test_watch_410_gone_relists_and_every_pod_ends_exact(
+    sockdir: pathlib.Path, api: FakeApiServer
+) -> None:
+    world, driver = await _setup(sockdir, api, random.Random(410))
+    cfg = fx.manager_settings(sockdir, api)
+    async with driver, manager.DRAHealthManager(cfg) as mgr:
+        await driver.set_health(*world.reports())
+        await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+        api.reset_log()
+        gone = 0
+        async with _PeakPending(mgr) as peak:
+            for _ in range(3):
+                # Hold the watch off while pods change, then compact: its resume is 410.
+                hold = api.fail("GET", r"/pods$", code=500, times=None, watch=True)
+                api.end_watches()
+                await _changes(driver, world, api, pause=0.1, changes=2)
+                api.expire_history()
+                api.clear_fault(hold)
+                await fx.until(lambda: _lists(api) > gone, 15, "a relist after 410 Expired")  # noqa: B023
+                gone = _lists(api)
+            await fx.until(lambda: not world.wrong_pods(api), 30, "convergence after 410s")
+        relists = sum(1 for r in api.requests if r.path.endswith("/pods") and not r.is_watch)
+        assert relists >= 3, relists
+        _report("410", api, world, peak.value)
+
+
+@pytest.mark.parametrize(
+    "outage",
+    [
+        pytest.param(3.0, id="short"),
+        pytest.param(
+            float(os.environ.get("KUBELET_DRA_FAULT_OUTAGE", "60")),
+            id="long",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+async def test_api_server_down_connection_refused_then_back(
+    sockdir: pathlib.Path,
+    api: FakeApiServer,
+    outage: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    host, port = api.url.removeprefix("http://").split(":")
+    proxy = Proxy((host, int(port)))
+    proxy.up()
+    connects = _count_connects(monkeypatch)
+    world, driver = await _setup(sockdir, api, random.Random(60))
+    cfg = fx.manager_settings(
+        sockdir, api, kubeconfig=proxy.write_kubeconfig(sockdir / "proxy.kubeconfig", api.token)
+    )
+    try:
+        async with driver, manager.DRAHealthManager(cfg) as mgr:
+            await driver.set_health(*world.reports())
+            await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+            api.reset_log()
+            async with _PeakPending(mgr) as peak:
+                proxy.down()
+                down_at, before = time.monotonic(), connects[0]
+                await _changes(driver, world, api, pause=outage / (CHANGES + 1) / 2)
+                await fx.until(lambda: time.monotonic() - down_at >= outage / 2, outage)
+                half = connects[0]
+                await fx.until(lambda: time.monotonic() - down_at >= outage, outage)
+                during, late = connects[0] - before, connects[0] - half
+                proxy.up()
+                up_at = time.monotonic()
+                await fx.until(lambda: not world.wrong_pods(api), 60, "convergence after outage")
+                recovered = time.monotonic() - up_at
+        print(
+            f"\nAPI down {outage:.0f} s: {during} connection attempts while down, "
+            f"{late / (outage / 2):.1f}/s in its second half; converged {recovered:.1f} s "
+            "after it came back"
+        )
+        # Backoff, not a storm: the rate falls as the outage goes on.
+        assert late <= during / 2 + len(world.pods), (late, during)
+        _report("outage", api, world, peak.value)
+    finally:
+        proxy.down()
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+async def _setup(
+    sockdir: pathlib.Path, api: FakeApiServer, rng: random.Random
+) -> tuple[fx.World, FakeDriver]:
+    world = fx.World(PODS + 1, rng)
+    for i in range(PODS):
+        fx.add_pod(api, f"pod-{i}", i)
+        world.pods[f"pod-{i}"] = i
+    driver = FakeDriver(name=fx.DRIVER, registry=sockdir / "reg")
+    return world, driver
+
+
+async def _changes(
+    driver: FakeDriver, world: fx.World, api: FakeApiServer, *, pause: float, changes: int = CHANGES
+) -> None:
+    """The driver changes its report ``changes`` times; a new pod arrives halfway."""
+    for step in range(changes):
+        world.mutate()
+        await driver.set_health(*world.reports())
+        if step == changes // 2 and "late" not in world.pods:
+            await asyncio.to_thread(fx.add_pod, api, "late", PODS)
+            world.pods["late"] = PODS
+        await asyncio.sleep(pause)  # spreads the changes over the fault; not an assertion
+
+
+class _PeakPending:
+    """Samples the writer's dirty set while the fault lasts."""
+
+    def __init__(self, mgr: manager.DRAHealthManager) -> None:
+        self.mgr, self.value = mgr, 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _PeakPending:
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _sample(self) -> None:
+        while True:
+            if self.mgr.writer is not None:
+                self.value = max(self.value, self.mgr.writer.stats.pending)
+            await asyncio.sleep(0.01)
+
+
+def _lists(api: FakeApiServer) -> int:
+    return sum(1 for r in api.requests if r.path.endswith("/pods") and not r.is_watch)
+
+
+def _count_connects(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    counter = [0]
+    real = urllib3.util.connection.create_connection
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counter[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(urllib3.util.connection, "create_connection", counting)
+    return counter
+
+
+def _report(fault: str, api: FakeApiServer, world: fx.World, peak_pending: int) -> None:
+    writes = fx.writes_per_pod(api)
+    total = len(api.requests)
+    most = max(writes.values(), default=0)
+    print(
+        f"\n{fault}: {len(world.pods)} pods exact, {total} requests, status writes per pod "
+        f"max {most}, peak dirty pods {peak_pending}"
+    )
+    assert peak_pending <= len(world.pods)
+    # Each pod changes at most CHANGES times (+1 for the late pod's first write);
+    # a 409 costs one more write, a failed one a retry: a few per change, never a storm.
+    assert most <= 4 * (CHANGES + 1), writes
+    assert total <= 40 * len(world.pods) * (CHANGES + 1), total
