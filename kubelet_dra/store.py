@@ -195,18 +195,25 @@ class HealthStore:
             return list(self._load_rows())
 
     def _load_read_only(self) -> list[tuple[models.DeviceKey, models.DeviceHealth]]:
-        try:
-            conn = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True)
+        # On a read-only filesystem a WAL file cannot be opened even read-only
+        # (no -shm can be created); immutable=1 reads it as is, without the WAL.
+        uri = self.path.absolute().as_uri()
+        failure: sqlite3.Error | None = None
+        for query in ("?mode=ro", "?immutable=1"):
             try:
-                rows = conn.execute(_LOAD_ROWS).fetchall()
-            finally:
-                conn.close()
-        except sqlite3.Error as exc:
-            logger.warning(
-                "health cache %s not readable either (%s); starting empty", self.path, exc
-            )
-            return []
-        return list(self._validate_rows(rows))
+                conn = sqlite3.connect(uri + query, uri=True)
+                try:
+                    rows = conn.execute(_LOAD_ROWS).fetchall()
+                finally:
+                    conn.close()
+            except sqlite3.Error as exc:
+                failure = exc
+                continue
+            return list(self._validate_rows(rows))
+        logger.warning(
+            "health cache %s not readable either (%s); starting empty", self.path, failure
+        )
+        return []
 
     def _load_rows(self) -> Iterator[tuple[models.DeviceKey, models.DeviceHealth]]:
         assert self._db is not None
