@@ -1,0 +1,228 @@
+"""Disk faults under a live pipeline: read-only state dir, full disk, the file deleted.
+
+In process: FakeDriver -> DRAHealthManager -> FakeApiServer. In every case
+pods keep getting exact health from memory, the pipeline says it is degraded
+(log, ``kubelet_dra_store_degraded``, ``/readyz`` detail) while it cannot
+persist, and the state file holds every record again once it can.
+
+A read-only and a full disk are real: a small tmpfs mounted on the state
+directory (``mount -t tmpfs -o size=...``, remounted ``ro`` for read-only),
+which needs root. Without root the read-only case uses a 0500 directory and
+the full-disk case is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pathlib
+import random
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from kubelet_dra import manager, metrics, store
+from kubelet_dra.testing import FakeApiServer, FakeDriver
+
+from . import _faults as fx
+
+PODS = 4
+
+
+def _mount(*args: str) -> bool:
+    done = subprocess.run(["mount", *args], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+@contextlib.contextmanager
+def _tmpfs(path: pathlib.Path, size: str) -> Iterator[bool]:
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = os.geteuid() == 0 and _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
+    try:
+        yield mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _degraded_metric(mgr: manager.DRAHealthManager) -> float:
+    text = metrics.Metrics(mgr.metric_state).render().decode()
+    line = next(x for x in text.splitlines() if x.startswith("kubelet_dra_store_degraded "))
+    return float(line.split()[1])
+
+
+def _stored(state_dir: pathlib.Path) -> dict[str, tuple[str, str]]:
+    db = store.HealthStore.open(state_dir)
+    try:
+        assert db.moved_aside is None
+        return {k.device: (r.health.value, r.message) for k, r in db.load()}
+    finally:
+        db.close()
+
+
+def _reported(world: fx.World) -> dict[str, tuple[str, str]]:
+    return {f"gpu-{i}": hm for i, hm in world.health.items()}
+
+
+def _world(api: FakeApiServer, seed: int, devices: int = PODS) -> fx.World:
+    world = fx.World(devices, random.Random(seed))
+    for i in range(PODS):
+        fx.add_pod(api, f"pod-{i}", i)
+        world.pods[f"pod-{i}"] = i
+    return world
+
+
+async def test_read_only_state_dir_at_start_serves_from_memory_then_persists(
+    sockdir: pathlib.Path, api: FakeApiServer
+) -> None:
+    state = sockdir / "state"
+    world = _world(api, 1)
+    cfg = fx.manager_settings(sockdir, api)
+    with _tmpfs(state, "1m") as mounted:
+        async with FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver:
+            await driver.set_health(*world.reports())
+            async with manager.DRAHealthManager(cfg):
+                await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+            before = _stored(state)
+            if mounted:
+                assert _mount("-o", "remount,ro", str(state))
+            else:
+                state.chmod(0o500)
+            try:
+                async with manager.DRAHealthManager(cfg) as mgr:
+                    assert mgr.store is not None and mgr.store.degraded
+                    loaded = len(mgr.cache)
+                    assert loaded == len(before), "records not read back from the read-only file"
+                    assert mgr.readiness()["store"].startswith("degraded, serving from memory")
+                    assert _degraded_metric(mgr) == 1.0
+                    world.mutate(PODS)
+                    await driver.set_health(*world.reports())
+                    await fx.until(lambda: not world.wrong_pods(api), 15, "served from memory")
+                    if mounted:
+                        assert _mount("-o", "remount,rw", str(state))
+                    else:
+                        state.chmod(0o700)
+                    await fx.until(lambda: mgr.readiness()["store"] == "ok", 10, "writable again")
+                    assert _degraded_metric(mgr) == 0.0
+            finally:
+                if not mounted:
+                    state.chmod(0o700)
+            assert _stored(state) == _reported(world)
+    print(
+        f"\nread-only state dir ({'tmpfs ro' if mounted else 'chmod 0500'}): {len(before)} "
+        f"records on disk, {loaded} read back read-only, pods exact while degraded, "
+        "persisted after it was writable again"
+    )
+
+
+async def test_disk_full_serves_from_memory_says_so_and_persists_when_space_returns(
+    sockdir: pathlib.Path, api: FakeApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = sockdir / "state"
+    devices = 60
+    world = _world(api, 2, devices)
+    cfg = fx.manager_settings(sockdir, api)
+    with _tmpfs(state, "512k") as mounted:
+        if not mounted:
+            pytest.skip("needs root to mount a small tmpfs")
+        filler = state / "filler"
+        async with (
+            FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver,
+            manager.DRAHealthManager(cfg) as mgr,
+        ):
+            await driver.set_health(*world.reports())
+            await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+            _fill(filler)
+            assert mgr.store is not None
+            rounds = 0
+            while not mgr.store.degraded:
+                rounds += 1
+                assert rounds < 200, "the disk never filled up"
+                world.health = {i: ("Unhealthy", f"{rounds} " + "✗" * 300) for i in range(devices)}
+                await driver.set_health(*world.reports())
+                await fx.until(lambda: mgr.store.pending == 0 or mgr.store.degraded, 5)
+            assert "cannot write health cache" in caplog.text
+            assert mgr.readiness()["store"].startswith("degraded, serving from memory")
+            assert _degraded_metric(mgr) == 1.0
+            world.mutate(PODS)
+            await driver.set_health(*world.reports())
+            await fx.until(lambda: not world.wrong_pods(api), 15, "served from memory")
+            filler.unlink()
+            await fx.until(lambda: not mgr.store.degraded, 10, "space again")
+            assert "writable again" in caplog.text
+            errors = mgr.store_errors
+        assert _stored(state) == _reported(world)
+    print(
+        f"\ndisk full: filled after {rounds} rounds, {errors} failed flushes, pods exact, "
+        "persisted after space returned"
+    )
+
+
+def _fill(filler: pathlib.Path) -> None:
+    with filler.open("wb", buffering=0) as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 4096)
+
+
+@pytest.mark.parametrize("what", ["file", "file-wal-shm", "directory"])
+async def test_cache_file_deleted_under_the_process_is_noticed_and_written_again(
+    sockdir: pathlib.Path, api: FakeApiServer, caplog: pytest.LogCaptureFixture, what: str
+) -> None:
+    state = sockdir / "state"
+    world = _world(api, 3)
+    cfg = fx.manager_settings(sockdir, api)
+    caplog.set_level(logging.INFO)
+    async with (
+        FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver,
+        manager.DRAHealthManager(cfg) as mgr,
+    ):
+        await driver.set_health(*world.reports())
+        await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+        await fx.until(lambda: mgr.store is not None and mgr.store.pending == 0, 5)
+        if what == "directory":
+            shutil.rmtree(state)
+        else:
+            for suffix in ("", "-wal", "-shm") if what == "file-wal-shm" else ("",):
+                (state / f"{store.FILE_NAME}{suffix}").unlink(missing_ok=True)
+        await fx.until(lambda: "was deleted or replaced" in caplog.text, 5, "noticed")
+        await fx.until(
+            lambda: (state / store.FILE_NAME).exists() and mgr.readiness()["store"] == "ok", 5
+        )
+        assert mgr.store_errors >= 1
+        world.mutate(PODS)
+        await driver.set_health(*world.reports())
+        await fx.until(lambda: not world.wrong_pods(api), 15, "pods after deletion")
+        await fx.until(lambda: mgr.store is not None and mgr.store.pending == 0, 5)
+        assert _stored(state) == _reported(world)
+    assert _stored(state) == _reported(world)
+
+
+async def test_state_dir_replaced_by_a_file_reports_degraded_until_it_is_back(
+    sockdir: pathlib.Path, api: FakeApiServer
+) -> None:
+    state = sockdir / "state"
+    world = _world(api, 4)
+    cfg = fx.manager_settings(sockdir, api)
+    async with (
+        FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver,
+        manager.DRAHealthManager(cfg) as mgr,
+    ):
+        await driver.set_health(*world.reports())
+        await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+        shutil.rmtree(state)
+        state.write_text("not a directory")
+        await fx.until(lambda: mgr.readiness()["store"] != "ok", 5, "degraded")
+        detail = mgr.readiness()["store"]
+        assert detail.startswith("degraded, serving from memory"), detail
+        assert _degraded_metric(mgr) == 1.0
+        world.mutate(PODS)
+        await driver.set_health(*world.reports())
+        await fx.until(lambda: not world.wrong_pods(api), 15, "served from memory")
+        state.unlink()
+        await fx.until(lambda: mgr.readiness()["store"] == "ok", 10, "persisting again")
+        await fx.until(lambda: mgr.store is not None and mgr.store.pending == 0, 5)
+    assert _stored(state) == _reported(world)
+    print(f"\nstate dir replaced by a file: /readyz said {detail!r}; persisted after it was back")
