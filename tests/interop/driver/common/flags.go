@@ -46,5 +46,11 @@ func ParseFlags(helperVersion string) Config {
 		fmt.Fprintln(os.Stderr, "--registry-dir and --plugin-data-dir are required")
 		os.Exit(2)
 	}
+	// The kubelet needs an absolute endpoint; GetInfo reports the DRA socket path as given.
+	for _, p := range []*string{&c.RegistryDir, &c.PluginDataDir} {
+		if abs, err := filepath.Abs(*p); err == nil {
+			*p = abs
+		}
+	}
 	return c
 }

@@ -1,0 +1,1 @@
+"""Interop tests against real Go components (kubeletplugin helpers, kube-apiserver)."""

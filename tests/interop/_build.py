@@ -1,0 +1,320 @@
+"""Build the Go binaries of the interop tests once per version into a cache directory.
+
+Each artifact is a small Go module under ``tests/interop`` (the two scripted test drivers,
+kube-apiserver, etcd). A binary is stored under
+``<cache>/<name>-<upstream version>/<source hash>/<binary>``, where ``<cache>`` is
+``$KUBELET_DRA_INTEROP_CACHE`` or ``~/.cache/kubelet-dra/interop`` and the source hash covers
+the module's go.mod, go.sum and Go files plus the Go version, so a second run reuses the
+binary and an edit of the driver rebuilds it. The Go module and build caches stay wherever
+``go env`` puts them (never inside the repository).
+
+If ``go`` is missing, or the modules cannot be downloaded (no module proxy), ``ensure``
+raises :class:`BuildUnavailable` with a reason meant for ``pytest.skip``; a compile error
+raises :class:`BuildFailed`, which should fail the run.
+
+Run ``python tests/interop/_build.py [name ...]`` to prebuild and print the build times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+INTEROP_DIR = Path(__file__).resolve().parent
+CACHE_ENV = "KUBELET_DRA_INTEROP_CACHE"
+#: Seconds allowed for downloading modules and for one build (kube-apiserver is large).
+DOWNLOAD_TIMEOUT = 900.0
+BUILD_TIMEOUT = 3600.0
+
+_K8S_VERSION_PKG = "k8s.io/component-base/version"
+
+
+class BuildUnavailable(Exception):
+    """The binary cannot be built here (no Go, no module proxy); ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class BuildFailed(Exception):
+    """Go was available but the build itself failed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GoArtifact:
+    """One Go binary built from a module directory below ``tests/interop``."""
+
+    name: str
+    version: str
+    module: str
+    binary: str
+    #: Other module directories (relative to tests/interop) whose sources the build uses.
+    extra_sources: tuple[str, ...] = ()
+    ldflags: str = "-s -w"
+
+    @property
+    def module_dir(self) -> Path:
+        return INTEROP_DIR / self.module
+
+
+def _k8s_ldflags(version: str) -> str:
+    major, minor = version.lstrip("v").split(".")[:2]
+    pkg = _K8S_VERSION_PKG
+    return (
+        f"-s -w -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor} "
+        f"-X {pkg}.gitVersion={version} -X {pkg}.gitTreeState=clean"
+    )
+
+
+ARTIFACTS: dict[str, GoArtifact] = {
+    a.name: a
+    for a in (
+        GoArtifact(
+            "driver-current",
+            "v0.37.2",
+            "driver/current",
+            "interop-driver",
+            extra_sources=("driver/common",),
+        ),
+        GoArtifact(
+            "driver-v035",
+            "v0.35.10",
+            "driver/v035",
+            "interop-driver-v035",
+            extra_sources=("driver/common",),
+        ),
+        GoArtifact(
+            "kube-apiserver",
+            "v1.37.2",
+            "apiserver",
+            "kube-apiserver",
+            ldflags=_k8s_ldflags("v1.37.2"),
+        ),
+        GoArtifact("etcd", "v3.7.3", "etcd", "etcd"),
+    )
+}
+
+#: Names accepted for the two driver builds (helper release, Kubernetes minor, short name).
+DRIVER_ALIASES: dict[str, str] = {
+    "current": "driver-current",
+    "new": "driver-current",
+    "v0.37.2": "driver-current",
+    "1.37": "driver-current",
+    "v035": "driver-v035",
+    "old": "driver-v035",
+    "v0.35.10": "driver-v035",
+    "1.35": "driver-v035",
+}
+
+
+def cache_root() -> Path:
+    """The cache directory: ``$KUBELET_DRA_INTEROP_CACHE`` or ``~/.cache/kubelet-dra/interop``."""
+    override = os.environ.get(CACHE_ENV)
+    if override:
+        return Path(override).expanduser()
+    return Path("~/.cache/kubelet-dra/interop").expanduser()
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["GOWORK"] = "off"
+    flags = env.get("GOFLAGS", "")
+    if "-mod=" not in flags:
+        env["GOFLAGS"] = (flags + " -mod=readonly").strip()
+    return env
+
+
+def go_unavailable_reason() -> str | None:
+    """Why Go cannot be used here, or None if a ``go`` command runs."""
+    go = shutil.which("go")
+    if go is None:
+        return "Go toolchain not found on PATH (the interop tests build Go binaries)"
+    try:
+        proc = subprocess.run(
+            [go, "env", "GOVERSION"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_go_env(),
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`go env` failed: {exc}"
+    if proc.returncode != 0:
+        return f"`go env` failed: {proc.stderr.strip()[-500:]}"
+    return None
+
+
+def _go_version() -> str:
+    proc = subprocess.run(
+        ["go", "env", "GOVERSION"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_go_env(),
+        check=True,
+    )
+    return proc.stdout.strip()
+
+
+def _source_files(artifact: GoArtifact) -> list[Path]:
+    files: list[Path] = []
+    for rel in (artifact.module, *artifact.extra_sources):
+        base = INTEROP_DIR / rel
+        for path in sorted(base.rglob("*")):
+            if path.is_file() and (path.suffix == ".go" or path.name in ("go.mod", "go.sum")):
+                files.append(path)
+    return files
+
+
+def source_key(artifact: GoArtifact, go_version: str) -> str:
+    """Hash of everything that decides the binary: sources, Go version, link flags."""
+    digest = hashlib.sha256()
+    digest.update(f"{go_version}\0{artifact.ldflags}\0".encode())
+    for path in _source_files(artifact):
+        digest.update(str(path.relative_to(INTEROP_DIR)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def binary_path(artifact: GoArtifact, go_version: str) -> Path:
+    return (
+        cache_root()
+        / f"{artifact.name}-{artifact.version}"
+        / source_key(artifact, go_version)
+        / artifact.binary
+    )
+
+
+def build_info(path: Path) -> dict[str, object]:
+    """The build record stored next to a cached binary (build seconds, Go version, ...)."""
+    info = path.with_name("build-info.json")
+    if not info.exists():
+        return {}
+    loaded = json.loads(info.read_text())
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _run(cmd: Sequence[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(cmd),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_go_env(),
+        check=False,
+    )
+
+
+def _tail(text: str, limit: int = 1500) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def ensure(name: str, *, log: bool = True) -> Path:
+    """Return the cached binary for artifact ``name``, building it first if needed."""
+    artifact = ARTIFACTS[DRIVER_ALIASES.get(name, name)]
+    reason = go_unavailable_reason()
+    if reason is not None:
+        raise BuildUnavailable(reason)
+    go_version = _go_version()
+    target = binary_path(artifact, go_version)
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = target.parent.parent / ".lock"
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():  # built by a concurrent process while we waited
+            return target
+        if log:
+            print(
+                f"[interop] building {artifact.name} {artifact.version} (cold builds take minutes)",
+                file=sys.stderr,
+                flush=True,
+            )
+        start = time.monotonic()
+        # Step 1: resolve and download only what the build needs. A failure here is an
+        # environment problem (no module proxy), not a bug: report it as unavailable.
+        try:
+            listed = _run(["go", "list", "-deps", "."], artifact.module_dir, DOWNLOAD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise BuildUnavailable(
+                f"downloading Go modules for {artifact.name} timed out "
+                "(is the Go module proxy reachable?)"
+            ) from None
+        if listed.returncode != 0:
+            raise BuildUnavailable(
+                f"cannot download Go modules for {artifact.name} {artifact.version} "
+                f"(is the Go module proxy reachable?): {_tail(listed.stderr, 600)}"
+            )
+        downloaded = time.monotonic()
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        try:
+            built = _run(
+                ["go", "build", "-trimpath", "-ldflags", artifact.ldflags, "-o", str(tmp), "."],
+                artifact.module_dir,
+                BUILD_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired:
+            tmp.unlink(missing_ok=True)
+            raise BuildFailed(f"go build of {artifact.name} timed out") from None
+        if built.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise BuildFailed(f"go build of {artifact.name} failed:\n{_tail(built.stderr)}")
+        end = time.monotonic()
+        info = {
+            "name": artifact.name,
+            "version": artifact.version,
+            "go": go_version,
+            "download_seconds": round(downloaded - start, 1),
+            "build_seconds": round(end - downloaded, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        target.with_name("build-info.json").write_text(json.dumps(info, indent=2) + "\n")
+        tmp.replace(target)
+        if log:
+            print(
+                f"[interop] built {artifact.name} in {end - start:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+    return target
+
+
+def main(argv: Iterable[str]) -> int:
+    """Prebuild the named artifacts (all by default) and print where they are."""
+    names = list(argv) or list(ARTIFACTS)
+    status = 0
+    for name in names:
+        start = time.monotonic()
+        try:
+            path = ensure(name)
+        except BuildUnavailable as exc:
+            print(f"{name}: unavailable: {exc.reason}")
+            status = 2
+            continue
+        except BuildFailed as exc:
+            print(f"{name}: FAILED: {exc}")
+            status = 1
+            continue
+        print(
+            f"{name}: {path} (this call {time.monotonic() - start:.1f}s; "
+            f"recorded build {build_info(path)})"
+        )
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
