@@ -1,0 +1,174 @@
+"""Bad cache files: random bytes, truncation at every offset, old and future schemas.
+
+Whatever is in ``health.sqlite`` (and its ``-wal``), :meth:`store.HealthStore.open`
+never raises and never crash-loops: an unreadable file is moved aside and the
+cache starts empty, a readable one loads only records that validate. Checked
+with hypothesis (random bytes, random bytes after a valid SQLite header) and
+exhaustively: a small valid file (page size 512) cut at every byte offset.
+The long version (``-m slow``) cuts a default-page-size file at every offset.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import sqlite3
+import tempfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kubelet_dra import healthinfo, models, store
+
+H = models.HealthStatus
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _valid_file(directory: pathlib.Path, *, page_size: int | None, devices: int = 5) -> bytes:
+    """A checkpointed, closed store holding ``devices`` records; returns its bytes."""
+    path = directory / store.FILE_NAME
+    if page_size is not None:
+        conn = sqlite3.connect(path)
+        conn.execute(f"PRAGMA page_size={page_size}")
+        conn.execute("VACUUM")
+        conn.close()
+    db = store.HealthStore.open(directory)
+    cache = healthinfo.HealthCache(sink=db)
+    reports = [models.DeviceReport("p", f"d{i}", H.HEALTHY, "ok", 30) for i in range(devices)]
+    cache.update("drv", reports, now=1_000_000.0, endpoint="/e")
+    db.close()
+    assert not (directory / f"{store.FILE_NAME}-wal").exists()
+    return path.read_bytes()
+
+
+def _open_checked(
+    directory: pathlib.Path,
+) -> tuple[store.HealthStore, list[tuple[models.DeviceKey, models.DeviceHealth]]]:
+    db = store.HealthStore.open(directory)
+    assert not db.degraded
+    records = db.load()
+    for key, record in records:  # every record that loads is a valid one
+        store.StoredDevice.model_validate_json(store._encode_value(key, record))
+    return db, records
+
+
+def _reset(directory: pathlib.Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir()
+
+
+_SCRATCH = pathlib.Path(tempfile.mkdtemp(prefix="kdcache"))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.binary(max_size=4096), st.binary(max_size=4096).map(SQLITE_HEADER.__add__)))
+def test_random_bytes_never_crash_open(blob: bytes) -> None:
+    _reset(_SCRATCH)
+    (_SCRATCH / store.FILE_NAME).write_bytes(blob)
+    db, _ = _open_checked(_SCRATCH)
+    db.close()
+
+
+def _truncations(tmp_path: pathlib.Path, page_size: int | None, step: int = 1) -> tuple[int, int]:
+    source = tmp_path / "source"
+    source.mkdir()
+    data = _valid_file(source, page_size=page_size)
+    work = tmp_path / "work"
+    moved = full = 0
+    for offset in range(0, len(data), step):
+        _reset(work)
+        (work / store.FILE_NAME).write_bytes(data[:offset])
+        db, records = _open_checked(work)
+        db.close()
+        moved += db.moved_aside is not None
+        full += len(records) == 5
+    return len(data), moved
+
+
+def test_truncation_at_every_offset_of_a_small_valid_file(tmp_path: pathlib.Path) -> None:
+    size, moved = _truncations(tmp_path, page_size=512)
+    print(f"\ntruncated a {size}-byte cache at every offset: {moved} moved aside, 0 crashes")
+    assert moved > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_truncation_at_every_offset_of_a_default_page_size_file(tmp_path: pathlib.Path) -> None:
+    size, moved = _truncations(tmp_path, page_size=None)
+    print(f"\ntruncated a {size}-byte cache at every offset: {moved} moved aside, 0 crashes")
+
+
+def test_truncated_wal_of_a_killed_writer_opens(tmp_path: pathlib.Path) -> None:
+    """A WAL cut anywhere (a crash mid-append) yields a prefix of commits, never an error."""
+    source = tmp_path / "source"
+    db = store.HealthStore.open(source)
+    cache = healthinfo.HealthCache(sink=db)
+    for k in range(3):
+        cache.update("drv", [models.DeviceReport("p", "d", H.HEALTHY, str(k), 30)], now=1e6 + k)
+        db.flush()
+    main = (source / store.FILE_NAME).read_bytes()
+    wal = (source / f"{store.FILE_NAME}-wal").read_bytes()
+    db._db.close()  # type: ignore[union-attr]  # leave the WAL as a SIGKILL would
+    work = tmp_path / "work"
+    seen = set()
+    for offset in range(0, len(wal), 97):
+        _reset(work)
+        (work / store.FILE_NAME).write_bytes(main)
+        (work / f"{store.FILE_NAME}-wal").write_bytes(wal[:offset])
+        again, records = _open_checked(work)
+        seen |= {r.message for _, r in records}
+        again.close()
+    assert seen <= {"0", "1", "2"}
+
+
+@pytest.mark.parametrize(
+    ("version", "accepted"),
+    [
+        pytest.param(None, True, id="no-meta-table"),
+        pytest.param(1, True, id="current"),
+        pytest.param(0, False, id="old-0"),
+        pytest.param(2, False, id="future-2"),
+        pytest.param(99, False, id="future-99"),
+        pytest.param("one", False, id="not-a-number"),
+        pytest.param("{", False, id="not-json"),
+    ],
+)
+def test_schema_versions(tmp_path: pathlib.Path, version: object, accepted: bool) -> None:
+    _valid_file(tmp_path, page_size=None)
+    conn = sqlite3.connect(tmp_path / store.FILE_NAME)
+    if version is None:
+        conn.execute('DROP TABLE "meta"')
+    else:
+        value = version if version == "{" else json.dumps(version)
+        conn.execute('UPDATE "meta" SET value = ? WHERE key = ?', (value, "schema"))
+    conn.commit()
+    conn.close()
+    db, records = _open_checked(tmp_path)
+    db.close()
+    assert (db.moved_aside is None) is accepted
+    assert len(records) == (5 if accepted else 0)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param({"v": 2, "driver": "drv", "pool": "p", "device": "x"}, id="future-row"),
+        pytest.param({"v": 1}, id="missing-fields"),
+        pytest.param([1, 2, 3], id="not-an-object"),
+        pytest.param({"v": 1, "driver": "drv", "pool": "p", "device": "x", "health": "Bad",
+                      "lease": 30, "last_report": 1}, id="bad-enum"),
+        pytest.param({"v": 1, "driver": "drv", "pool": "p", "device": "x", "health": "Healthy",
+                      "lease": -1, "last_report": 1}, id="negative-lease"),
+    ],
+)  # fmt: skip
+def test_bad_rows_are_skipped_and_counted(tmp_path: pathlib.Path, row: object) -> None:
+    _valid_file(tmp_path, page_size=None)
+    conn = sqlite3.connect(tmp_path / store.FILE_NAME)
+    conn.execute('INSERT INTO "devices" (key, value) VALUES (?, ?)', ("bad", json.dumps(row)))
+    conn.commit()
+    conn.close()
+    db, records = _open_checked(tmp_path)
+    db.close()
+    assert len(records) == 5 and db.skipped_rows == 1
