@@ -134,6 +134,10 @@ class HealthStore:
         self._db = db  # None: not open for writing yet (see _unopened)
         self._identity = _file_identity(path) if db is not None else None
         self._lock = threading.Lock()
+        # Held from taking a batch to its commit: two overlapping flushes (the
+        # flush loop's thread and close(), say) must not commit an older batch
+        # after a newer one, which would overwrite newer records.
+        self._flush_lock = threading.Lock()
         self._pending: dict[models.DeviceKey, models.DeviceHealth] = {}
         self.moved_aside: pathlib.Path | None = None
         self.skipped_rows = 0
@@ -252,6 +256,10 @@ class HealthStore:
         error is kept in :attr:`last_error`, and :class:`errors.StoreError`
         is raised; the next flush tries again.
         """
+        with self._flush_lock:
+            return self._flush()
+
+    def _flush(self) -> int:
         with self._lock:
             batch, self._pending = self._pending, {}
         if not batch:
