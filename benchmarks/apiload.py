@@ -30,7 +30,7 @@ class Config:
 
 
 FULL = Config(pods=(10, 110, 500), seconds=20.0)
-QUICK = Config(pods=(10, 110, 500), seconds=3.0)
+QUICK = Config(pods=(10, 110, 500), seconds=2.0)
 SMOKE = Config(pods=(10,), seconds=1.0)
 
 

@@ -32,7 +32,7 @@ class Config:
 
 
 FULL = Config(reports=100_000, seconds=10.0, runs=3)
-QUICK = Config(reports=30_000, seconds=3.0, runs=1)
+QUICK = Config(reports=20_000, seconds=2.0, runs=1)
 SMOKE = Config(reports=2_000, seconds=1.0, runs=1)
 
 
