@@ -98,7 +98,7 @@ def _normalise(device: Device) -> dict[str, Any]:
     }
 
 
-def _response(version: str, devices: Sequence[Mapping[str, Any]]) -> Any:
+def _response(version: str, devices: Sequence[Mapping[str, Any]], *, message: bool = True) -> Any:
     pb = _HEALTH_PB[version]
     now = int(time.time())
     return pb.NodeWatchResourcesResponse(
@@ -108,7 +108,7 @@ def _response(version: str, devices: Sequence[Mapping[str, Any]]) -> Any:
                 health=d["health"],
                 last_updated_time=d["last_updated"] or now,
                 health_check_timeout_seconds=d["timeout_seconds"],
-                message=d["message"],
+                message=d["message"] if message else "",
             )
             for d in devices
         ]
@@ -127,7 +127,11 @@ class FakeDriver:
     ``calls`` counts calls per method: ``GetInfo``, ``NotifyRegistrationStatus``,
     ``NodeWatchResources/v1``, ``NodeWatchResources/v1alpha1``,
     ``NodePrepareResources/v1`` ... ``notifications`` lists the
-    ``(plugin_registered, error)`` pairs received.
+    ``(plugin_registered, error)`` pairs received; like the helper, a
+    ``plugin_registered=false`` notification is answered with gRPC ``UNKNOWN``
+    ("failed registration process: <error>"). ``v1alpha1_message=False``
+    leaves ``message`` out of v1alpha1 reports, as helpers up to 1.35 do (their
+    v1alpha1 has no message field); the 1.37 helper sends it on both versions.
     """
 
     def __init__(
@@ -142,6 +146,7 @@ class FakeDriver:
         supported_versions: Sequence[str] | None = None,
         plugin_type: str = "DRAPlugin",
         empty_endpoint: bool = False,
+        v1alpha1_message: bool = True,
     ) -> None:
         self.name = name
         self.registry = pathlib.Path(registry)
@@ -153,6 +158,7 @@ class FakeDriver:
         self.unimplemented = unimplemented
         self.plugin_type = plugin_type
         self.empty_endpoint = empty_endpoint
+        self.v1alpha1_message = v1alpha1_message
         self._advertised = supported_versions
         self.calls: collections.Counter[str] = collections.Counter()
         self.notifications: list[tuple[bool, str]] = []
@@ -335,7 +341,9 @@ class FakeDriver:
                     if code is not None and code is not grpc.StatusCode.OK:
                         await context.abort(code, message)
                     return
-                yield _response(version, item)
+                yield _response(
+                    version, item, message=version != "v1alpha1" or self.v1alpha1_message
+                )
         finally:
             self._streams.discard(queue)
 
@@ -367,6 +375,11 @@ class _Registration(reg_grpc.RegistrationServicer):  # type: ignore[misc]
     async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
         await self._driver._count("NotifyRegistrationStatus")
         self._driver.notifications.append((request.plugin_registered, request.error))
+        if not request.plugin_registered:
+            # kubeletplugin's registrationServer returns a plain Go error (gRPC UNKNOWN).
+            await context.abort(
+                grpc.StatusCode.UNKNOWN, f"failed registration process: {request.error}"
+            )
         return reg_pb2.RegistrationStatusResponse()
 
 
