@@ -286,8 +286,16 @@ class RegistryWatcher:
     def _scan(self, root: pathlib.Path) -> dict[str, tuple[int, int]]:
         found: dict[str, tuple[int, int]] = {}
         seen_inodes: set[int] = set()
+        links: list[tuple[str, tuple[int, int]]] = []
         real_root = os.path.realpath(root)
-        self._scan_dir(str(root), real_root, found, seen_inodes, depth=0)
+        self._scan_dir(str(root), real_root, found, seen_inodes, links, depth=0)
+        # Symlinks count only after the whole tree: a link met before the
+        # socket it points to must not take its place (the driver would be
+        # deregistered and its devices turn Unknown until the link goes).
+        for path, identity in links:
+            if identity[0] not in seen_inodes:
+                seen_inodes.add(identity[0])
+                found[path] = identity
         return found
 
     def _scan_dir(
@@ -296,6 +304,7 @@ class RegistryWatcher:
         real_root: str,
         found: dict[str, tuple[int, int]],
         seen: set[int],
+        links: list[tuple[str, tuple[int, int]]],
         *,
         depth: int,
     ) -> None:
@@ -312,11 +321,13 @@ class RegistryWatcher:
                 continue
             if entry.is_dir(follow_symlinks=False):
                 if depth < _MAX_DEPTH:
-                    self._scan_dir(entry.path, real_root, found, seen, depth=depth + 1)
+                    self._scan_dir(entry.path, real_root, found, seen, links, depth=depth + 1)
                 continue
             identity = self._socket_identity(entry, real_root)
+            if identity is not None and entry.is_symlink():
+                links.append((entry.path, identity))
             # A symlink to a socket already found is the same plugin: skip it.
-            if identity is not None and identity[0] not in seen:
+            elif identity is not None and identity[0] not in seen:
                 seen.add(identity[0])
                 found[entry.path] = identity
 
