@@ -232,6 +232,8 @@ class NodePods:
         except errors.ApiError as exc:
             if exc.status != 404:
                 logger.warning("ResourceClaim %s not read: %s", key, exc)
+            else:
+                self._fetched.add(key)  # known absent: read, so the cache is synced
             return None
 
 

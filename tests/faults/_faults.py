@@ -101,6 +101,9 @@ class World:
             else:
                 self.health[i] = ("Unhealthy", f"XID {self.rng.randint(1, 200)} ✗")
 
+    def expected_health(self, index: int) -> tuple[str, str]:
+        return self.health[index]
+
     def expected(self, pod: str) -> dict[str, tuple[str, str]]:
         health, message = self.health[self.pods[pod]]
         return {resource_id(self.pods[pod]): (health, message)}
