@@ -83,6 +83,15 @@ class EventRecorder:
     def pending(self) -> int:
         return sum(1 for s in self._series.values() if s.count > s.sent_count)
 
+    def next_due(self) -> float | None:
+        """When the earliest unsent occurrence may be sent, or ``None``."""
+        due = [
+            s.last_sent + self.interval if s.last_sent is not None else s.first
+            for s in self._series.values()
+            if s.count > s.sent_count
+        ]
+        return min(due, default=None)
+
     async def flush(self, create: Create, patch: Patch) -> None:
         """Send every series with unsent occurrences whose interval has passed."""
         now = self._clock.now()
@@ -108,6 +117,9 @@ class EventRecorder:
             )  # fmt: skip
             if not transient:
                 series.sent_count = series.count  # give this occurrence up
+            # Either way, wait an interval before the next attempt: a down API
+            # server must not turn pending events into a request loop.
+            series.last_sent = now
             return
         self.sent += 1
         series.sent_count = series.count

@@ -165,18 +165,27 @@ class StatusWriter:
         self._wake = asyncio.Event()
         self._records: collections.OrderedDict[str, _PostMortem] = collections.OrderedDict()
         self._written: dict[str, _Written] = {}
+        self._last_write: dict[str, float] = {}  # uid -> when its last write was sent
         self._owned: set[str] = set()
         self._seen_health: dict[str, dict[models.DeviceKey, models.HealthStatus]] = {}
+        self._known_health: dict[str, set[models.DeviceKey]] = {}
         self._with_message = True
         self._sidecars = True
 
     # -- inputs --------------------------------------------------------------
 
     def mark_dirty(self, pod_uids: Iterable[str]) -> None:
-        """These pods' desired status may have changed; write them in the next round."""
+        """These pods' desired status may have changed; write them when due.
+
+        The window is leading-edge per pod: a pod not written within the last
+        window is due at once (a single change costs no wait), later changes
+        wait until a window after its last write and are coalesced meanwhile.
+        """
         now = self._clock.now()
+        window = self._cfg.write_window
         for uid in pod_uids:
-            self._dirty[uid] = min(self._dirty.get(uid, now), now)
+            due = max(now, self._last_write.get(uid, now - window) + window)
+            self._dirty[uid] = min(self._dirty.get(uid, due), due)
         self.stats.pending = len(self._dirty)
         if self._dirty:
             self._wake.set()
@@ -197,22 +206,31 @@ class StatusWriter:
         self._dirty.pop(uid, None)
         self._records.pop(uid, None)
         self._written.pop(uid, None)
+        self._last_write.pop(uid, None)
         self._seen_health.pop(uid, None)
+        self._known_health.pop(uid, None)
         self._owned.discard(uid)
         self._refresh_stats()
 
     # -- the loop ------------------------------------------------------------
 
     async def run(self) -> None:
-        """Write dirty pods forever, one round per window."""
+        """Write dirty pods forever: each round writes the pods that are due."""
         while True:
-            await self._wake.wait()
-            await self._clock.sleep(self._cfg.write_window)
+            events_due = self._events.next_due()
+            if not self._dirty and events_due is None:
+                await self._wake.wait()
             self._wake.clear()
+            # Folded event occurrences are sent once their interval passed,
+            # even when no pod is dirty by then.
+            due = [*self._dirty.values(), *([events_due] if events_due is not None else [])]
+            soonest = min(due, default=self._clock.now())
+            delay = soonest - self._clock.now()
+            if delay > 0:
+                # A pod marked meanwhile may be due earlier: wake for it too.
+                await self._sleep_or_wake(delay)
+                continue
             await self.round()
-            if self._dirty:
-                await self._sleep_until_due()
-                self._wake.set()
 
     async def round(self) -> None:
         """One coalescing round: write every due pod once, flush events, expire records."""
@@ -311,6 +329,7 @@ class StatusWriter:
         meta = pod.get("metadata") or {}
         namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
         started = time.perf_counter()
+        self._last_write[_uid(pod)] = self._clock.now()
         answer = await self._call(self._api.patch_pod_status, namespace, name, body)
         self.stats.latencies.append(time.perf_counter() - started)
         return answer
@@ -472,10 +491,17 @@ class StatusWriter:
     def _emit_transitions(self, pod: Obj, desired: podstatus.Desired) -> None:
         uid = _uid(pod)
         seen = self._seen_health.setdefault(uid, {})
+        known = self._known_health.setdefault(uid, set())
         for state in desired.devices:
             before = seen.get(state.key)
             seen[state.key] = state.health
-            first_and_boring = before is None and state.health is not models.HealthStatus.UNHEALTHY
+            # Until a device was once Healthy or Unhealthy (a fresh pod, a
+            # sidecar restart), Unknown and then Healthy are not news.
+            first_and_boring = (
+                state.key not in known and state.health is not models.HealthStatus.UNHEALTHY
+            )
+            if state.health is not models.HealthStatus.UNKNOWN:
+                known.add(state.key)
             if before == state.health or first_and_boring:
                 continue
             reason, kind = _EVENT_REASON[state.health]
@@ -491,9 +517,14 @@ class StatusWriter:
 
     # -- internals -----------------------------------------------------------
 
-    async def _sleep_until_due(self) -> None:
-        soonest = min(self._dirty.values(), default=self._clock.now())
-        await self._clock.sleep(max(0.0, soonest - self._clock.now()))
+    async def _sleep_or_wake(self, delay: float) -> None:
+        sleeper = asyncio.ensure_future(self._clock.sleep(delay))
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            woken.cancel()
 
     def _refresh_stats(self) -> None:
         self.stats.pending = len(self._dirty)

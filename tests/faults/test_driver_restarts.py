@@ -59,7 +59,10 @@ class _Leaks:
 
     def check(self) -> str:
         tasks, fds = fx.task_names(), fx.open_fds()
-        assert len(tasks) <= len(self.tasks), (self.tasks, tasks)
+        # The status writer may be parked in a timed wait for rate-limited
+        # events (a sleeper task and a wake task) at one moment and idle at
+        # the other; a leak grows with the rounds, this does not.
+        assert len(tasks) <= len(self.tasks) + 2, (self.tasks, tasks)
         assert fds <= self.fds, f"{fds} open fds now, {self.fds} before"
         return f"tasks {len(self.tasks)} -> {len(tasks)}, fds {self.fds} -> {fds}"
 

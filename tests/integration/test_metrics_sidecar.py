@@ -161,7 +161,9 @@ async def test_metric_values_follow_the_pipeline(
     sockdir: pathlib.Path, api: FakeApiServer, driver: FakeDriver
 ) -> None:
     await driver.set_health(device("gpu-0"), device("gpu-1"))
-    cfg = config(sockdir, api, health_timeout=0.5)
+    # Long enough that a loaded CI machine never expires a lease before the
+    # first scrape; short enough to wait for in the silence step.
+    cfg = config(sockdir, api, health_timeout=2.0)
     async with manager.Sidecar(cfg) as sidecar:
         await wait_until(lambda: health_of(api, "train-b", "gpu-1") == "Healthy")
         first = await scrape_until(sidecar, "kubelet_dra_pod_writes_total", 2, result="ok")
@@ -188,7 +190,7 @@ async def test_metric_values_follow_the_pipeline(
         assert second.value("kubelet_dra_refused_total", driver=DRIVER, reason="empty_name") == 1
         assert (second.value("kubelet_dra_store_commit_duration_seconds_count") or 0) >= 1
 
-        # Silence: the node default lease of 0.5 s runs out for both devices.
+        # Silence: the node default lease of 2 s runs out for both devices.
         driver.set_silent(True)
         await wait_until(lambda: health_of(api, "train-a", "gpu-0") == "Unknown")
         await wait_until(lambda: health_of(api, "train-b", "gpu-1") == "Unknown")

@@ -14,11 +14,8 @@ async def test_unhealthy_device_shows_in_pod_status_and_condition() -> None:
         await h.eventually(lambda: t.pods.claims_synced)
         t.report("gpu-0", H.UNHEALTHY, "ECC errors")
         t.report("gpu-1", H.HEALTHY)
-        await h.eventually(lambda: h.DRV + "/pool/gpu-0" in t.healths("p1"))
-        assert t.healths("p1") == {
-            f"{h.DRV}/pool/gpu-0": "Unhealthy",
-            f"{h.DRV}/pool/gpu-1": "Healthy",
-        }
+        expected = {f"{h.DRV}/pool/gpu-0": "Unhealthy", f"{h.DRV}/pool/gpu-1": "Healthy"}
+        await h.eventually(lambda: t.healths("p1") == expected)
         entry = t.entries("p1")[0]
         assert entry["name"] == "claim:gpu"
         assert {

@@ -49,3 +49,29 @@ async def test_other_create_errors_give_the_occurrence_up() -> None:
     await recorder.flush(api.create, api.patch)
     assert [c[0] for c in api.calls] == ["create"]
     assert recorder.pending() == 0
+
+
+async def test_transient_failure_waits_an_interval_before_retrying() -> None:
+    clock = FakeClock()
+    recorder = _kube_events.EventRecorder(node="n", clock=clock, interval=60)
+
+    class Down(errors.ApiError):
+        transient = True
+
+    attempts = 0
+
+    async def create(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        nonlocal attempts
+        attempts += 1
+        raise Down("connection refused")
+
+    api = Api(create_status=None)
+    recorder.record(POD, _kube_events.DEVICE_UNHEALTHY, "gpu-0 Unhealthy")
+    await recorder.flush(create, api.patch)
+    assert recorder.next_due() == clock.now() + 60
+    await recorder.flush(create, api.patch)  # not due yet: no second attempt
+    assert attempts == 1
+    clock.advance(61)
+    await recorder.flush(api.create, api.patch)
+    assert [c[0] for c in api.calls] == ["create"]
+    assert recorder.next_due() is None
