@@ -185,15 +185,9 @@ def vm_status(pid: int) -> dict[str, int]:
 
 
 def api_server() -> Any:
-    """A FakeApiServer whose sockets send at once (TCP_NODELAY), as kube-apiserver's do.
+    """A FakeApiServer (its sockets send at once, TCP_NODELAY, as kube-apiserver's do)."""
+    from kubelet_dra.testing import FakeApiServer
 
-    The stand-in's handler writes a response's headers and body separately;
-    without TCP_NODELAY, Nagle's algorithm holds the body until the client's
-    delayed ACK (about 40 ms on Linux loopback), which would swamp every figure.
-    """
-    from kubelet_dra.testing import FakeApiServer, _fakeapi_http
-
-    _fakeapi_http.Handler.disable_nagle_algorithm = True
     return FakeApiServer()
 
 

@@ -90,6 +90,9 @@ class Handler(BaseHTTPRequestHandler):
     """One connection; HTTP/1.1 keep-alive like the real server."""
 
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle on, each answer
+    # waits ~40 ms for the client's delayed ACK (a real apiserver does not).
+    disable_nagle_algorithm = True
     server: Server
 
     def log_message(self, format: str, *args: Any) -> None:
