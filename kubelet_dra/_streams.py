@@ -45,9 +45,10 @@ _CLIENTS: dict[str, tuple[Any, Any]] = {
 }
 # Wire enum numbers are identical in v1alpha1 and v1.
 _HEALTH = {1: models.HealthStatus.HEALTHY, 2: models.HealthStatus.UNHEALTHY}
-_KNOWN_ENUMS = {0, 1, 2}
 MAX_NAME_BYTES = 1024
 """Pool and device names are short Kubernetes names; anything longer is refused."""
+_SAFE_NAME_CHARS = MAX_NAME_BYTES // 4
+_SAFE_MESSAGE_CHARS = healthinfo.MESSAGE_MAX_BYTES // 4
 
 
 class StreamState(enum.StrEnum):
@@ -120,30 +121,35 @@ def convert(devices: Iterable[Any], *, max_devices: int) -> Converted:
 
 
 def _convert_one(device: Any, problems: collections.Counter[str]) -> models.DeviceReport | None:
-    pool, name = device.device.pool_name, device.device.device_name
+    # The hot path (every device of every report): cheap checks first, the
+    # byte-length checks only when a name or message could be over the limit
+    # (a UTF-8 character is at most 4 bytes).
+    ident = device.device
+    pool, name = ident.pool_name, ident.device_name
     if not pool or not name:
         problems["empty_name"] += 1
         return None
-    if len(pool.encode()) > MAX_NAME_BYTES or len(name.encode()) > MAX_NAME_BYTES:
+    if (len(pool) > _SAFE_NAME_CHARS or len(name) > _SAFE_NAME_CHARS) and (
+        len(pool.encode()) > MAX_NAME_BYTES or len(name.encode()) > MAX_NAME_BYTES
+    ):
         problems["name_too_long"] += 1
         return None
-    health = int(device.health)
-    if health not in _KNOWN_ENUMS:
-        problems["unknown_health"] += 1
-    timeout = int(device.health_check_timeout_seconds)
+    health = device.health
+    status = _HEALTH.get(health)
+    if status is None:
+        status = models.HealthStatus.UNKNOWN
+        if health != 0:
+            problems["unknown_health"] += 1
+    timeout = device.health_check_timeout_seconds
     if timeout < 0:
         problems["negative_timeout"] += 1
-    message = healthinfo.truncate_message(device.message)
-    if message != device.message:
-        problems["message_truncated"] += 1
-    return models.DeviceReport(
-        pool=pool,
-        device=name,
-        health=_HEALTH.get(health, models.HealthStatus.UNKNOWN),
-        message=message,
-        timeout_seconds=timeout,
-        driver_time=int(device.last_updated_time),
-    )
+    message = device.message
+    if len(message) > _SAFE_MESSAGE_CHARS:
+        truncated = healthinfo.truncate_message(message)
+        if truncated != message:
+            problems["message_truncated"] += 1
+            message = truncated
+    return models.DeviceReport(pool, name, status, message, timeout, device.last_updated_time)
 
 
 class Backoff:

@@ -240,6 +240,11 @@ class HealthStore:
         with self._lock:
             self._pending[key] = record
 
+    def stage_many(self, records: Iterable[tuple[models.DeviceKey, models.DeviceHealth]]) -> None:
+        """Queue many records under one lock (one report's worth)."""
+        with self._lock:
+            self._pending.update(records)
+
     @property
     def pending(self) -> int:
         return len(self._pending)
