@@ -193,3 +193,35 @@ def test_failed_flush_keeps_records_and_recovers(tmp_path: pathlib.Path) -> None
     db2, cache2 = reopen(tmp_path)
     assert cache2.get(models.DeviceKey("drv", "p", "d"), T0 + 2).health is H.UNHEALTHY
     db2.close()
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["sqlite-json-in-c", "sqlite-before-3.38"])
+def test_both_write_paths_round_trip_and_name_rows_alike(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, legacy: bool
+) -> None:
+    monkeypatch.setattr(store, "_LEGACY", legacy)
+    db = store.HealthStore.open(tmp_path)
+    cache = healthinfo.HealthCache(sink=db)
+    odd = models.DeviceReport("pöol", 'dev\x00 ☃ "q"', H.UNHEALTHY, "ECC\n✗", 12, 2**62)
+    cache.update("drv", [odd], now=T0 + 0.123456789, endpoint="/e")
+    db.flush()
+    cache.update("drv", [odd._replace(message="again")], now=T0 + 1, endpoint="/e")
+    db.flush()
+    [(key, record)] = db.load()  # the second write replaced the row, not added one
+    assert key == models.DeviceKey("drv", "pöol", 'dev\x00 ☃ "q"')
+    assert (record.message, record.last_report, record.driver_time) == ("again", T0 + 1, 2**62)
+    db.delete([key])
+    assert db.load() == []
+    db.close()
+
+
+def test_float_times_keep_every_digit(tmp_path: pathlib.Path) -> None:
+    db = store.HealthStore.open(tmp_path)
+    healthinfo.HealthCache(sink=db).update(
+        "drv", [models.DeviceReport("p", "d", H.HEALTHY)], now=1000001.509765625
+    )
+    db.close()
+    db2 = store.HealthStore.open(tmp_path)
+    [(_, record)] = db2.load()
+    assert record.last_report == 1000001.509765625
+    db2.close()
