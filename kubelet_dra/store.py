@@ -53,29 +53,18 @@ FILE_NAME = "health.sqlite"
 _TABLE = "devices"
 _META = "meta"
 
-# A batch travels as ONE argument, a JSON array of rows
-# [driver, pool, device, health, message, lease, last_report, driver_time,
-# endpoint]; SQLite builds each key (a JSON array of the names) and each
-# versioned value in C. sqlitedict's own update() costs a queue round trip
-# per row, and encoding each value in Python held the GIL for most of a flush.
-# `json(value -> '$[i]')` copies each element's JSON text as it is: floats keep
-# every digit and strings keep their escapes (a NUL in a name survives).
-_ROW = "json(value -> '$[{}]')"
-_FIELDS = ("driver", "pool", "device", "health", "message", "lease", "last_report",
-           "driver_time", "endpoint")  # fmt: skip
-_KEY_SQL = f"json_array({_ROW.format(0)}, {_ROW.format(1)}, {_ROW.format(2)})"
-_VALUE_SQL = "json_object('v', {}, {})".format(
-    SCHEMA_VERSION, ", ".join(f"'{f}', {_ROW.format(i)}" for i, f in enumerate(_FIELDS))
-)
-_UPSERT = f'REPLACE INTO "{_TABLE}" (key, value) SELECT {_KEY_SQL}, {_VALUE_SQL} FROM json_each(?)'
-_DELETE = f'DELETE FROM "{_TABLE}" WHERE key IN (SELECT {_KEY_SQL} FROM json_each(?))'
-# SQLite before 3.38 has no `->`: rows are [key, value] encoded in Python.
-_LEGACY = sqlite3.sqlite_version_info < (3, 38, 0)
-_UPSERT_LEGACY = (
+# A batch travels as ONE argument, a JSON array of [key, value] pairs: the key
+# is the array of the three names, the value the versioned record object.
+# json_extract() of an array or object yields its JSON text exactly (floats
+# keep every digit, escapes survive, a NUL in a name too), so SQLite stores
+# both without Python encoding each value. sqlitedict's own update() costs a
+# queue round trip per row; per-value json.dumps held the GIL for most of a
+# flush; building each value with json_object() in SQL cost 4x the time.
+_UPSERT = (
     f'REPLACE INTO "{_TABLE}" (key, value) '
     "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?)"
 )
-_DELETE_LEGACY = f'DELETE FROM "{_TABLE}" WHERE key IN (SELECT value FROM json_each(?))'
+_DELETE = f'DELETE FROM "{_TABLE}" WHERE key IN (SELECT json(value) FROM json_each(?))'
 _LOAD_ALL = f'SELECT json_group_array(json_array(key, json(value))) FROM "{_TABLE}"'
 _LOAD_ROWS = f'SELECT key, value FROM "{_TABLE}"'
 # Primary SQLite result codes that mean "cannot write here now", not "bad file".
@@ -122,37 +111,24 @@ class StoredDevice(pydantic.BaseModel):
 _ROWS = pydantic.TypeAdapter(list[tuple[str, StoredDevice]])
 
 
-def _encode_key(key: models.DeviceKey) -> str:
-    # The text SQLite's json_array() makes, so both paths name a row alike.
-    return json.dumps(list(key), ensure_ascii=False, separators=(",", ":"))
-
-
-def _rows(batch: dict[models.DeviceKey, models.DeviceHealth]) -> list[Any]:
-    if _LEGACY:
-        return [[_encode_key(k), _encode_value(k, r)] for k, r in batch.items()]
-    return [
-        (k.driver, k.pool, k.device, r.health.value, r.message, r.lease, r.last_report,
-         r.driver_time, r.endpoint)
-        for k, r in batch.items()
-    ]  # fmt: skip
+def _value(key: models.DeviceKey, record: models.DeviceHealth) -> dict[str, Any]:
+    return {
+        "v": SCHEMA_VERSION,
+        "driver": key.driver,
+        "pool": key.pool,
+        "device": key.device,
+        "health": record.health.value,
+        "message": record.message,
+        "lease": record.lease,
+        "last_report": record.last_report,
+        "driver_time": record.driver_time,
+        "endpoint": record.endpoint,
+    }
 
 
 def _encode_value(key: models.DeviceKey, record: models.DeviceHealth) -> str:
-    return json.dumps(
-        {
-            "v": SCHEMA_VERSION,
-            "driver": key.driver,
-            "pool": key.pool,
-            "device": key.device,
-            "health": record.health.value,
-            "message": record.message,
-            "lease": record.lease,
-            "last_report": record.last_report,
-            "driver_time": record.driver_time,
-            "endpoint": record.endpoint,
-        },
-        ensure_ascii=False,
-    )
+    """The stored JSON of one record (what a flush writes for it)."""
+    return json.dumps(_value(key, record), ensure_ascii=False, separators=(",", ":"))
 
 
 class HealthStore:
@@ -298,11 +274,10 @@ class HealthStore:
             batch, self._pending = self._pending, {}
         if not batch:
             return 0
-        rows = _rows(batch)
+        rows = [[list(k), _value(k, r)] for k, r in batch.items()]
         try:
             db = self._db if self._db is not None else self._connect()
-            payload = json.dumps(rows, ensure_ascii=False)
-            db.conn.execute(_UPSERT_LEGACY if _LEGACY else _UPSERT, (payload,))
+            db.conn.execute(_UPSERT, (json.dumps(rows, ensure_ascii=False),))
             _commit(db)
         except Exception as exc:  # sqlite3 errors arrive re-raised from sqlitedict's thread
             self._restage(batch)
@@ -362,12 +337,9 @@ class HealthStore:
 
     def delete(self, keys: list[models.DeviceKey]) -> None:
         """Remove records now (used by ``cache`` maintenance commands)."""
-        if _LEGACY:
-            payload = json.dumps([_encode_key(k) for k in keys], ensure_ascii=False)
-        else:
-            payload = json.dumps([list(k) for k in keys], ensure_ascii=False)
+        payload = json.dumps([list(k) for k in keys], ensure_ascii=False)
         db = self._db if self._db is not None else self._connect()
-        db.conn.execute(_DELETE_LEGACY if _LEGACY else _DELETE, (payload,))
+        db.conn.execute(_DELETE, (payload,))
         _commit(db)
 
     def close(self) -> None:

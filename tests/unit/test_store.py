@@ -195,11 +195,7 @@ def test_failed_flush_keeps_records_and_recovers(tmp_path: pathlib.Path) -> None
     db2.close()
 
 
-@pytest.mark.parametrize("legacy", [False, True], ids=["sqlite-json-in-c", "sqlite-before-3.38"])
-def test_both_write_paths_round_trip_and_name_rows_alike(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, legacy: bool
-) -> None:
-    monkeypatch.setattr(store, "_LEGACY", legacy)
+def test_rows_round_trip_exactly_and_a_rewrite_replaces_the_row(tmp_path: pathlib.Path) -> None:
     db = store.HealthStore.open(tmp_path)
     cache = healthinfo.HealthCache(sink=db)
     odd = models.DeviceReport("pöol", 'dev\x00 ☃ "q"', H.UNHEALTHY, "ECC\n✗", 12, 2**62)
