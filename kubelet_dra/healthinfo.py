@@ -182,7 +182,11 @@ class HealthCache:
                 heapq.heappop(self._heap)
                 del self._scheduled[key]
                 continue
-            if record.deadline > deadline:  # renewed since: move the entry
+            if record.deadline > deadline:  # renewed since the entry was pushed
+                if now is None:
+                    # A lower bound is enough for a timer: moving every renewed
+                    # entry here would walk the heap on every report.
+                    return deadline, key
                 heapq.heapreplace(self._heap, (record.deadline, key))
                 self._scheduled[key] = record.deadline
                 continue
@@ -190,7 +194,12 @@ class HealthCache:
         return None
 
     def next_deadline(self) -> float | None:
-        """The earliest time a lease runs out, or ``None`` if none can."""
+        """When to call :meth:`expire` next, or ``None`` if no lease can run out.
+
+        Never later than the earliest lease deadline. It may be earlier when
+        that lease was renewed since: :meth:`expire` at that time then returns
+        nothing and settles the entry, and the next call gives a later time.
+        """
         top = self._due(None)
         return None if top is None else top[0]
 

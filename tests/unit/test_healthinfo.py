@@ -223,7 +223,11 @@ def test_next_deadline_is_earliest_live_lease(cache: healthinfo.HealthCache) -> 
     assert cache.next_deadline() is None
     cache.update(DRV, [rep("a", H.HEALTHY, timeout=10), rep("b", H.HEALTHY, timeout=5)], now=T0)
     assert cache.next_deadline() == T0 + 5
-    cache.update(DRV, [rep("b", H.HEALTHY, timeout=5)], now=T0 + 4)  # renewal moves it
+    cache.update(DRV, [rep("b", H.HEALTHY, timeout=5)], now=T0 + 4)  # a renewal
+    # A lower bound until settled: nothing expires at the old deadline, and
+    # the next deadline is then the renewed one.
+    assert cache.next_deadline() == T0 + 5
+    assert cache.expire(T0 + 5.01) == []
     assert cache.next_deadline() == T0 + 9
 
 
