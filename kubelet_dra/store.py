@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 FILE_NAME = "health.sqlite"
 _TABLE = "devices"
+CHUNK = 500
+"""Rows per statement in a flush (all statements of a flush are one transaction)."""
 _META = "meta"
 
 # A batch travels as ONE argument, a JSON array of [key, value] pairs: the key
@@ -274,10 +276,14 @@ class HealthStore:
             batch, self._pending = self._pending, {}
         if not batch:
             return 0
-        rows = [[list(k), _value(k, r)] for k, r in batch.items()]
+        items = list(batch.items())
         try:
             db = self._db if self._db is not None else self._connect()
-            db.conn.execute(_UPSERT, (json.dumps(rows, ensure_ascii=False),))
+            # Statements of CHUNK rows, one transaction: a 100k-device flush
+            # must not hold a 30 MB argument and its parse tree at once.
+            for start in range(0, len(items), CHUNK):
+                rows = [[list(k), _value(k, r)] for k, r in items[start : start + CHUNK]]
+                db.conn.execute(_UPSERT, (json.dumps(rows, ensure_ascii=False),))
             _commit(db)
         except Exception as exc:  # sqlite3 errors arrive re-raised from sqlitedict's thread
             self._restage(batch)
@@ -285,7 +291,7 @@ class HealthStore:
             raise errors.StoreError(f"cannot write health cache {self.path}: {exc}") from exc
         self.commits += 1
         self.last_error = None
-        return len(rows)
+        return len(items)
 
     def _restage(self, batch: dict[models.DeviceKey, models.DeviceHealth]) -> None:
         with self._lock:
