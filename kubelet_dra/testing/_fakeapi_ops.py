@@ -2,14 +2,16 @@
 
 Mimics the kube-apiserver's generic registry ``Store`` plus the pod strategies
 (``pkg/registry/core/pod/strategy.go``): creates reset status, main-resource writes keep status,
-status writes keep everything but status, ``metadata.resourceVersion`` and ``metadata.uid`` in a
-body are preconditions (409), feature-gated fields are dropped before validation, validation
-failures are 422, and an update that changes nothing does not bump the resourceVersion.
+status writes keep everything but status, ``metadata.resourceVersion`` (and, in a PUT,
+``metadata.uid``) in a body are preconditions (409; a patched uid is an immutable-field 422),
+feature-gated fields are dropped before validation, validation failures are 422, and an update
+that changes nothing does not bump the resourceVersion.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -127,7 +129,14 @@ class Backend:
             self._maybe_conflict_first(res, current, subresource)
             patched = _apply(patcher, current, body)
             meta = patched.get("metadata") or {}
-            _check_preconditions(res, current, meta.get("uid"), meta.get("resourceVersion"))
+            _check_preconditions(res, current, None, meta.get("resourceVersion"))
+            # A uid in a patch is not a precondition (as it is in a PUT): it is merged into
+            # the object and then fails validation as a change of an immutable field.
+            uid = meta.get("uid")
+            if uid and uid != current["metadata"]["uid"]:
+                text = f"Invalid value: {json.dumps(str(uid))}: field is immutable"
+                error = status.FieldError("metadata.uid", "FieldValueInvalid", text)
+                raise status.invalid(res.kind, current["metadata"]["name"], [error])
             return self._compose(res, current, patched, subresource)
 
         return self.store.update(res, namespace, name, mutate)

@@ -92,13 +92,14 @@ def bad_request(message: str) -> ApiError:
 
 def unprocessable_patch(cause: str) -> ApiError:
     # NewGenericServerResponse(422, ...) as used by the patch handler when a JSON patch fails.
-    details = {"causes": [{"reason": "UnexpectedServerResponse", "message": cause}]}
+    # kube-apiserver 1.37 sends empty details: the cause (``cause``) is not in the answer.
+    del cause
     return ApiError(
         status_body(
             422,
             "Invalid",
             "the server rejected our request due to an error in our request",
-            details,
+            {},
         )
     )
 
@@ -187,9 +188,9 @@ def _validate_name(name: str, field: str, container: dict[str, Any]) -> list[Fie
         }
         if name not in allowed:
             detail = (
-                "must match one of the container's resource claims in a format "
-                "'claim:<claimName>/<requestName>' when request is set or 'claim:<claimName>' "
-                "when request is empty"
+                "must match one of the container's resource claims as "
+                "'claim:<claimName>/<requestName>' when container.resources.claims[*].request "
+                "is set or 'claim:<claimName>' when it is empty"
             )
             return [_invalid(field, name, detail)]
         return []
@@ -217,7 +218,11 @@ def _validate_health(health: dict[str, Any], path: str, seen: set[Any]) -> list[
 
 def _validate_message(message: Any, field: str) -> list[FieldError]:
     if message == "":
-        return [_invalid(field, message, "must be non-empty if specified")]
+        return [
+            FieldError(
+                field, "FieldValueRequired", "Required value: must be non-empty if specified"
+            )
+        ]
     if len(str(message).encode("utf-8")) > MESSAGE_MAX_BYTES:
         body = f"Too long: may not be more than {MESSAGE_MAX_BYTES} bytes"
         return [FieldError(field, "FieldValueTooLong", body)]

@@ -279,7 +279,11 @@ class FakeApiServer:
 
     @health_gate.setter
     def health_gate(self, enabled: bool) -> None:
+        # A 1.37 server does not start with ResourceHealthStatusMessage on and
+        # ResourceHealthStatus off (gate dependencies): turning this off turns both off.
         self._backend.health_gate = enabled
+        if not enabled:
+            self._backend.message_gate = False
 
     @property
     def message_gate(self) -> bool:
@@ -288,6 +292,10 @@ class FakeApiServer:
 
     @message_gate.setter
     def message_gate(self, enabled: bool) -> None:
+        if enabled and not self._backend.health_gate:
+            raise ValueError(
+                "ResourceHealthStatusMessage depends on ResourceHealthStatus, which is off"
+            )
         self._backend.message_gate = enabled
 
     @property
