@@ -200,9 +200,11 @@ def merge(
     Everything we do not own is preserved: other containers' fields, entries
     of claims we could not resolve, device-plugin entries, other conditions.
     Order-only differences do not count as a change (both lists are
-    ``listType=map`` in the API).
+    ``listType=map`` in the API). ``status`` is never modified; the result
+    shares the parts that did not change with it (copy on write: a deep copy
+    of a whole pod status was most of the writer's time per pod).
     """
-    new: dict[str, Any] = copy.deepcopy(dict(status or {}))
+    new: dict[str, Any] = dict(status or {})
     changed = False
     if container_status:
         changed |= _merge_containers(new, desired.containers)
@@ -308,9 +310,15 @@ def _merge_containers(
 ) -> bool:
     changed = False
     for (field, name), managed in containers.items():
-        for cs in status.get(field) or ():
-            if cs.get("name") == name:
-                changed |= _merge_entries(cs, managed)
+        for i, cs in enumerate(status.get(field) or ()):
+            if cs.get("name") != name:
+                continue
+            updated = dict(cs)
+            if _merge_entries(updated, managed):
+                statuses = list(status[field])
+                statuses[i] = updated
+                status[field] = statuses
+                changed = True
     return changed
 
 

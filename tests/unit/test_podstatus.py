@@ -170,3 +170,24 @@ def test_missing_container_status_is_not_created() -> None:
     new, changed = podstatus.merge(pod["status"], desired, now=b.NOW)
     assert not changed
     assert new["containerStatuses"] == []
+
+
+def test_merge_never_modifies_the_status_it_is_given() -> None:
+    import copy as copy_mod
+
+    pod, index = _setup(_dev("gpu-0"), container_statuses=[
+        {"name": "main", "ready": True, "allocatedResourcesStatus": [DEVICE_PLUGIN_ENTRY]},
+        {"name": "other", "ready": False},
+    ])  # fmt: skip
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    before = copy_mod.deepcopy(pod["status"])
+    health = {_key("gpu-0"): models.DeviceHealth(H.UNHEALTHY, "ECC", 30.0, 0.0)}
+    desired = podstatus.desired_status(
+        pod, index=index, health_of=health.__getitem__, now=1.0, condition_type="DeviceHealthy"
+    )
+    new, changed = podstatus.merge(pod["status"], desired, now=1.0)
+    assert changed
+    assert pod["status"] == before
+    names = [e["name"] for e in new["containerStatuses"][0]["allocatedResourcesStatus"]]
+    assert names == ["example.com/gpu", "claim:gpu"]
+    assert new["containerStatuses"][1] is pod["status"]["containerStatuses"][1]  # shared, unchanged
