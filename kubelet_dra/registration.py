@@ -258,10 +258,11 @@ class RegistryWatcher:
         # The scan cadence is real time (the filesystem changes in real
         # time); retry backoff is in clock time, so tests can drive it.
         while True:
+            # Not asyncio.wait_for: on 3.11 it swallows our cancellation when
+            # the event is set at the same moment, and close() then waits forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wake.wait(), timeout=self._settings.registry_poll_interval
-                )
+                async with asyncio.timeout(self._settings.registry_poll_interval):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.scan_once()

@@ -148,3 +148,28 @@ async def test_symlinks_to_a_registered_socket_never_take_its_place(registry: pa
                 await watcher.scan_once()
             assert list(watcher.registered) == [str(drv.registration_socket)]
             assert drv.calls["GetInfo"] == 1 and drv.calls["NodeWatchResources/v1"] == 1
+
+
+@pytest.mark.parametrize("outside_link", [False, True], ids=["plain", "outside-link"])
+async def test_watcher_close_returns_after_a_registration(
+    sockdir: pathlib.Path, registry: pathlib.Path, outside_link: bool
+) -> None:
+    """Regression: asyncio.wait_for swallowed close()'s cancellation and it never returned."""
+    settings = make_settings()
+    events: list[registration.PluginEvent] = []
+
+    async def on_event(event: registration.PluginEvent) -> None:
+        events.append(event)
+
+    async with fakedriver.FakeDriver(registry=registry) as drv:
+        if outside_link:
+            (registry / "link.sock").symlink_to(sockdir / "elsewhere.sock")
+        watcher = registration.RegistryWatcher(
+            registry, role=settings.role, settings=settings, clock=clock.SystemClock(),
+            on_event=on_event,
+        )  # fmt: skip
+        await watcher.start()
+        await drv.wait_for_calls("GetInfo")
+        async with asyncio.timeout(5):
+            await watcher.close()
+    assert [e.kind for e in events] == [registration.EventKind.REGISTER]
