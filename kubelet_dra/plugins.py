@@ -41,6 +41,9 @@ StreamState = _streams.StreamState
 EndpointStatus = _streams.EndpointStatus
 OnChange = Callable[[list[models.DeviceKey]], Awaitable[None]]
 _EPSILON = 0.001  # leases expire strictly after their deadline
+MAX_ENDPOINTS_PER_DRIVER = 4
+"""Concurrent health streams per driver: a rolling upgrade needs two, a
+registry full of one driver's sockets must not open one stream each."""
 
 
 @dataclasses.dataclass
@@ -90,7 +93,8 @@ class PluginManager:
         """(driver, reason) -> devices or reports refused or altered; reasons are
         ``empty_name``, ``name_too_long``, ``duplicate``, ``unknown_health``,
         ``negative_timeout``, ``message_truncated`` (per device) and
-        ``too_many_devices``, ``too_large`` (per report)."""
+        ``too_many_devices``, ``too_large`` (per report), ``too_many_endpoints``
+        (per registration over :data:`MAX_ENDPOINTS_PER_DRIVER`)."""
         self.lease_expiries = 0
         """Devices turned ``Unknown`` by the deadline task."""
 
@@ -133,6 +137,17 @@ class PluginManager:
                 plugin.driver,
                 plugin.endpoint,
                 plugin.socket or "static registration",
+            )
+            return
+        if sum(e.plugin.driver == plugin.driver for e in self._endpoints.values()) >= (
+            MAX_ENDPOINTS_PER_DRIVER
+        ):
+            self.refused[plugin.driver, "too_many_endpoints"] += 1
+            logger.error(
+                "driver %s already has %d endpoints; ignoring %s until one goes away",
+                plugin.driver,
+                MAX_ENDPOINTS_PER_DRIVER,
+                plugin.endpoint,
             )
             return
         self._add(plugin)
