@@ -144,7 +144,7 @@ async def test_disk_full_serves_from_memory_says_so_and_persists_when_space_retu
                 world.health = {i: ("Unhealthy", f"{rounds} " + "✗" * 300) for i in range(devices)}
                 await driver.set_health(*world.reports())
                 await fx.until(lambda: mgr.store.pending == 0 or mgr.store.degraded, 5)
-            assert "cannot write health cache" in caplog.text
+            await fx.until(lambda: "cannot write health cache" in caplog.text, 5, "the error log")
             assert mgr.readiness()["store"].startswith("degraded, serving from memory")
             assert _degraded_metric(mgr) == 1.0
             world.mutate(PODS)
@@ -152,7 +152,7 @@ async def test_disk_full_serves_from_memory_says_so_and_persists_when_space_retu
             await fx.until(lambda: not world.wrong_pods(api), 15, "served from memory")
             filler.unlink()
             await fx.until(lambda: not mgr.store.degraded, 10, "space again")
-            assert "writable again" in caplog.text
+            await fx.until(lambda: "writable again" in caplog.text, 5, "the recovery log")
             errors = mgr.store_errors
         assert _stored(state) == _reported(world)
     print(
