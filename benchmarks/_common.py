@@ -251,6 +251,20 @@ def health_entries(status_or_body: dict[str, Any]) -> dict[str, str]:
     return found
 
 
+def written_health(body: Any) -> dict[str, str]:
+    """resourceID -> health that a status write sets: a JSON patch (the writer's
+    ops) or a merge-patch body with ``status``."""
+    if isinstance(body, list):
+        sets = [
+            {"allocatedResourcesStatus": op["value"]}
+            for op in body
+            if op.get("op") in ("add", "replace")
+            and op["path"].endswith("/allocatedResourcesStatus")
+        ]
+        return health_entries({"containerStatuses": sets})
+    return health_entries((body or {}).get("status") or {})
+
+
 def pods_match(api: Any, layout: dict[str, list[int]], expected: Callable[[int], str]) -> bool:
     """Every pod on the node shows exactly the expected health of each device."""
     for name, devices in layout.items():

@@ -59,7 +59,7 @@ def _deadlines(state_file: pathlib.Path) -> dict[str, float]:
 
 def _shows(record: object, rid: str, health: str) -> bool:
     body = getattr(record, "body", None) or {}
-    return c.health_entries(body.get("status") or {}).get(rid) == health
+    return c.written_health(body).get(rid) == health
 
 
 async def _round(api: FakeApiServer, drv: FakeDriver, sidecar: c.SidecarProcess,
@@ -81,7 +81,7 @@ async def _round(api: FakeApiServer, drv: FakeDriver, sidecar: c.SidecarProcess,
         seen = {
             r.path.rsplit("/", 2)[-2]
             for r in api.status_writes()
-            if set(c.health_entries((r.body or {}).get("status") or {}).values()) == {"Healthy"}
+            if set(c.written_health(r.body).values()) == {"Healthy"}
         }
         return seen >= set(layout)
 

@@ -81,9 +81,8 @@ async def _measure(api: FakeApiServer, workdir, window: float, changes: int) -> 
 
                 def arrived(path: str = path, rid: str = rid, want: str = want) -> float | None:
                     for r in api.requests:
-                        body = (r.body or {}).get("status") or {}
                         ours = r.is_status_write and r.path.endswith(path)
-                        if ours and c.health_entries(body).get(rid) == want:
+                        if ours and c.written_health(r.body).get(rid) == want:
                             return r.timestamp
                     return None
 

@@ -90,7 +90,7 @@ async def _once(
     for r in writes:
         name = r.path.rsplit("/", 2)[-2]
         want = {c.resource_id(d): expected(d) for d in layout[name]}
-        if c.health_entries((r.body or {}).get("status") or {}) == want:
+        if c.written_health(r.body) == want:
             good.append(r.timestamp)
     if not good:
         raise c.CheckFailed("restart: no PATCH showed a pod's stored health")

@@ -33,6 +33,7 @@ Obj = dict[str, Any]
 T = TypeVar("T")
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 FIELD_MANAGER = "kubelet-dra-health"
 _TIMEOUT = (5.0, 30.0)  # connect, read: a hung server must not hang a writer forever
 
@@ -127,6 +128,17 @@ class Api:
             f"patch status of pod {namespace}/{name}",
             lambda: self._core.patch_namespaced_pod_status(
                 name, namespace, body, field_manager=FIELD_MANAGER, _content_type=STRATEGIC,
+                _preload_content=False, _request_timeout=_TIMEOUT,
+            ),
+            pod=True,
+        )  # fmt: skip
+
+    def json_patch_pod_status(self, namespace: str, name: str, ops: list[Obj]) -> Obj:
+        """A JSON patch (RFC 6902, with ``test`` operations) of ``pods/<name>/status``."""
+        return self._call(
+            f"patch status of pod {namespace}/{name}",
+            lambda: self._core.patch_namespaced_pod_status(
+                name, namespace, ops, field_manager=FIELD_MANAGER, _content_type=JSON_PATCH,
                 _preload_content=False, _request_timeout=_TIMEOUT,
             ),
             pod=True,

@@ -105,6 +105,8 @@ class DRAHealthManager:
         self._agent_pods: dict[str, Mapping[str, Any]] = {}
         self._agent_dirty: set[str] = set()
         self._agent_wake = asyncio.Event()
+        self.primed = asyncio.Event()
+        """Set when pod writes may start (see ``Settings.startup_grace``)."""
         self.plugins = plugins.PluginManager(
             self.cache, settings=self.settings, clock=self.clock, on_change=self._on_change
         )
@@ -133,7 +135,7 @@ class DRAHealthManager:
         if self._on_status is None:
             await self._start_kube()
         else:
-            self._spawn(self._agent_loop(), "status-callback")
+            self._spawn(self._after_priming(self._agent_loop()), "status-callback")
         self._spawn(self._flush_loop(), "store-flush")
         self.watcher = registration.RegistryWatcher(
             self.settings.plugins_registry if self._watch_registry else None,
@@ -144,6 +146,33 @@ class DRAHealthManager:
             static=self._static,
         )
         await self.watcher.start()
+        self._spawn(self._prime(), "startup-priming")
+
+    async def _prime(self) -> None:
+        """Set :attr:`primed` once every stream delivered a report or gave up.
+
+        The registry was scanned by then (``RegistryWatcher.start``), so the
+        endpoints known here are the drivers present at start-up.
+        """
+        deadline = self.clock.now() + self.settings.startup_grace
+        while not self._streams_primed() and self.clock.now() < deadline:
+            await self.clock.sleep(0.02)
+        self.primed.set()
+
+    def _streams_primed(self) -> bool:
+        waiting = (plugins.StreamState.CONNECTING, plugins.StreamState.STREAMING)
+        return all(
+            status.reports > 0 or status.state not in waiting
+            for status in self.plugins.endpoints.values()
+        )
+
+    async def _after_priming(self, work: Coroutine[Any, Any, Any]) -> None:
+        try:
+            await self.primed.wait()
+        except asyncio.CancelledError:
+            work.close()
+            raise
+        await work
 
     async def close(self) -> None:
         """Stop without marking anything ``Unknown`` (see the module docstring)."""
@@ -236,7 +265,7 @@ class DRAHealthManager:
         self.pods = kube.NodePods(
             api=api, node_name=node, index=self.index, writer=self.writer, clock=self.clock
         )
-        self._spawn(self.writer.run(), "status-writer")
+        self._spawn(self._after_priming(self.writer.run()), "status-writer")
         self._spawn(self.pods.run(), "node-pods")
 
     async def _drain_writer(self, *, timeout: float) -> None:

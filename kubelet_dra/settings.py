@@ -75,5 +75,11 @@ class Settings(pydantic_settings.BaseSettings):
     terminated_pod_max: int = pydantic.Field(default=1000, ge=0)
     event_interval: float = pydantic.Field(default=60.0, ge=0)
 
+    # After a (re)start, pod writes wait until every registered driver's stream
+    # delivered its first report (or failed), at most this long: a device
+    # reported just before a crash but not yet committed must not flash
+    # Unknown in pod status while its driver reconnects.
+    startup_grace: float = pydantic.Field(default=5.0, ge=0)
+
     # Persistence: how often staged records are committed.
     store_flush_interval: float = pydantic.Field(default=0.2, gt=0)

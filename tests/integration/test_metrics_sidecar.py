@@ -188,7 +188,11 @@ async def test_metric_values_follow_the_pipeline(
         assert second.value("kubelet_dra_reports_total", driver=DRIVER) == 2
         assert second.value("kubelet_dra_devices", driver=DRIVER, health="Unhealthy") == 1
         assert second.value("kubelet_dra_refused_total", driver=DRIVER, reason="empty_name") == 1
-        assert (second.value("kubelet_dra_store_commit_duration_seconds_count") or 0) >= 1
+        # Commits run on their own interval: wait for one rather than race it.
+        committed = await scrape_until(
+            sidecar, "kubelet_dra_store_commit_duration_seconds_count", 1
+        )
+        assert (committed.value("kubelet_dra_store_commit_duration_seconds_count") or 0) >= 1
 
         # Silence: the node default lease of 2 s runs out for both devices.
         driver.set_silent(True)
