@@ -138,19 +138,17 @@ class HealthCache:
         changed: dict[models.DeviceKey, None] = {}
         staged: list[tuple[models.DeviceKey, models.DeviceHealth]] = []
         default, record_of, key_of = self.default_lease, models.DeviceHealth, models.DeviceKey
-        for report in reports:
-            timeout = report.timeout_seconds
+        scheduled, schedule = self._scheduled, self._schedule
+        for pool, device, health, message, timeout, driver_time in reports:
             lease = float(timeout) if timeout > 0 else default
-            new = record_of(report.health, report.message, lease, now, report.driver_time, endpoint)
-            device_key = key_of(driver, report.pool, report.device)
-            old = devices.get(device_key[1:])
-            devices[device_key[1:]] = new
-            self._schedule(device_key, now + lease)
-            if (
-                old is None
-                or old.lease != lease
-                or _visible(old, now) != (report.health, report.message)
-            ):
+            new = record_of(health, message, lease, now, driver_time, endpoint)
+            device_key = key_of(driver, pool, device)
+            old = devices.get((pool, device))
+            devices[pool, device] = new
+            # A renewal to a later deadline needs no heap entry now (see _schedule).
+            if device_key not in scheduled or now + lease < scheduled[device_key]:
+                schedule(device_key, now + lease)
+            if old is None or old.lease != lease or _visible(old, now) != (health, message):
                 changed[device_key] = None
             staged.append((device_key, new))
         if self._sink is not None:
