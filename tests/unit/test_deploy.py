@@ -356,8 +356,8 @@ def test_scheduling_and_resources(daemonset: Obj, pod_spec: Obj, container: Obj)
     assert pod_spec["tolerations"] == [{"operator": "Exists"}]
     assert pod_spec["terminationGracePeriodSeconds"] == 10
     assert container["resources"] == {
-        "requests": {"cpu": "20m", "memory": "64Mi"},
-        "limits": {"memory": "192Mi"},
+        "requests": {"cpu": "20m", "memory": "128Mi"},
+        "limits": {"memory": "256Mi"},
     }
     # Never two sidecars on one node (shared state dir, double writes).
     assert daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
