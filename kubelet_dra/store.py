@@ -53,6 +53,8 @@ FILE_NAME = "health.sqlite"
 _TABLE = "devices"
 CHUNK = 500
 """Rows per statement in a flush (all statements of a flush are one transaction)."""
+CHUNK_LOAD = 5000
+"""Rows per query when loading."""
 _META = "meta"
 
 # A batch travels as ONE argument, a JSON array of [key, value] pairs: the key
@@ -67,7 +69,10 @@ _UPSERT = (
     "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?)"
 )
 _DELETE = f'DELETE FROM "{_TABLE}" WHERE key IN (SELECT json(value) FROM json_each(?))'
-_LOAD_ALL = f'SELECT json_group_array(json_array(key, json(value))) FROM "{_TABLE}"'
+_LOAD_CHUNK = (
+    "SELECT json_group_array(json_array(key, json(value))), max(rowid) FROM "
+    f'(SELECT rowid, key, value FROM "{_TABLE}" WHERE rowid > ? ORDER BY rowid LIMIT ?)'
+)
 _LOAD_ROWS = f'SELECT key, value FROM "{_TABLE}"'
 # Primary SQLite result codes that mean "cannot write here now", not "bad file".
 _UNWRITABLE = {
@@ -198,12 +203,23 @@ class HealthStore:
         if self._db is None:
             return self._load_read_only()
         try:
-            row = self._db.conn.select_one(_LOAD_ALL)
-            stored = _ROWS.validate_json(row[0] if row and row[0] else "[]")
-            return [device.to_record() for _, device in stored]
+            return list(self._load_chunks())
         except (sqlite3.Error, pydantic.ValidationError, ValueError):
             # One bad row spoils the fast path; read row by row and skip it.
             return list(self._load_rows())
+
+    def _load_chunks(self) -> Iterator[tuple[models.DeviceKey, models.DeviceHealth]]:
+        # CHUNK rows per query, validated in one pass each: fast, and the
+        # transient JSON and models of a 100,000-device file never exist at once.
+        assert self._db is not None
+        after = 0
+        while True:
+            row = self._db.conn.select_one(_LOAD_CHUNK, (after, CHUNK_LOAD))
+            if not row or row[1] is None:
+                return
+            stored = _ROWS.validate_json(row[0])
+            yield from (device.to_record() for _, device in stored)
+            after = row[1]
 
     def _load_read_only(self) -> list[tuple[models.DeviceKey, models.DeviceHealth]]:
         # On a read-only filesystem a WAL file cannot be opened even read-only
