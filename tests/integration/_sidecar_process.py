@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import podstatus
+from kubelet_dra import podstatus, settings
 from kubelet_dra.testing import FakeApiServer, make_claim, make_pod
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -56,6 +56,23 @@ def cluster(api: FakeApiServer) -> None:
     api.create_pod(make_pod("train-a", NODE, claims=["gpu-a"]))
     api.create_pod(make_pod("train-b", NODE, claims=["gpu-b"]))
     api.create_pod(make_pod("elsewhere", "node-2", claims=["gpu-a"]))
+
+
+def settings_for(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.Settings:
+    """In-process pipeline settings against ``api``, with fast intervals for tests."""
+    values: dict[str, Any] = {
+        "node_name": NODE,
+        "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig"),
+        "plugins_registry": sockdir / "reg",
+        "state_dir": sockdir / "state",
+        "registry_poll_interval": 0.05,
+        "write_window": 0.01,
+        "store_flush_interval": 0.05,
+        "stream_backoff_initial": 0.05,
+        "stream_backoff_max": 0.2,
+    }
+    values.update(extra)
+    return settings.Settings(**values)
 
 
 def pod_health(api: FakeApiServer, name: str) -> dict[str, tuple[str, str]]:

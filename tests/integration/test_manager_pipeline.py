@@ -13,23 +13,14 @@ from typing import Any
 import pytest
 
 from kubelet_dra import manager, models, podstatus, settings
-from kubelet_dra.testing import FakeApiServer, FakeDriver, make_claim, make_pod
+from kubelet_dra.testing import FakeApiServer, FakeDriver, make_pod
 
 from ._driver_fixtures import wait_until
-
-DRIVER = "gpu.example.com"
-NODE = "node-1"
+from ._sidecar_process import DRIVER, NODE, cluster, pod_health, settings_for
 
 
-def pod_health(api: FakeApiServer, name: str) -> dict[str, tuple[str, str]]:
-    """resourceID -> (health, message) as the pod's first container shows it."""
-    pod = api.get_pod("default", name)
-    entries = podstatus.container_entries(pod["status"], "containerStatuses", "main")
-    return {
-        r["resourceID"]: (r["health"], r.get("message", ""))
-        for entry in entries
-        for r in entry.get("resources", [])
-    }
+def config(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.Settings:
+    return settings_for(sockdir, api, **{"stream_backoff_initial": 1.0, **extra})
 
 
 def condition(api: FakeApiServer, name: str) -> dict[str, Any] | None:
@@ -41,28 +32,6 @@ def condition(api: FakeApiServer, name: str) -> dict[str, Any] | None:
 def api() -> AsyncIterator[FakeApiServer]:
     with FakeApiServer() as server:
         yield server
-
-
-def cluster(api: FakeApiServer) -> None:
-    api.create_claim(make_claim("gpu-a", results=[(DRIVER, "pool", "gpu-0", "gpu")]))
-    api.create_claim(make_claim("gpu-b", results=[(DRIVER, "pool", "gpu-1", "gpu")]))
-    api.create_pod(make_pod("train-a", NODE, claims=["gpu-a"]))
-    api.create_pod(make_pod("train-b", NODE, claims=["gpu-b"]))
-    api.create_pod(make_pod("elsewhere", "node-2", claims=["gpu-a"]))
-
-
-def config(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.Settings:
-    values: dict[str, Any] = {
-        "node_name": NODE,
-        "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig"),
-        "plugins_registry": sockdir / "reg",
-        "state_dir": sockdir / "state",
-        "registry_poll_interval": 0.05,
-        "write_window": 0.01,
-        "store_flush_interval": 0.05,
-    }
-    values.update(extra)
-    return settings.Settings(**values)
 
 
 async def test_health_reaches_pod_status_condition_and_state_file(

@@ -19,7 +19,7 @@ from kubelet_dra import manager, settings
 from kubelet_dra.testing import FakeApiServer, FakeDriver
 
 from ._driver_fixtures import wait_until
-from ._sidecar_process import DRIVER, NODE, cluster, device, health_of, http_get
+from ._sidecar_process import DRIVER, cluster, device, health_of, http_get, settings_for
 
 FAMILIES = {
     # issue 5: per driver endpoint stream state, reconnects
@@ -70,20 +70,7 @@ def api() -> Iterator[FakeApiServer]:
 
 
 def config(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.Settings:
-    values: dict[str, Any] = {
-        "node_name": NODE,
-        "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig"),
-        "plugins_registry": sockdir / "reg",
-        "state_dir": sockdir / "state",
-        "metrics_address": "127.0.0.1:0",
-        "registry_poll_interval": 0.05,
-        "write_window": 0.01,
-        "store_flush_interval": 0.05,
-        "stream_backoff_initial": 0.05,
-        "stream_backoff_max": 0.2,
-    }
-    values.update(extra)
-    return settings.Settings(**values)
+    return settings_for(sockdir, api, metrics_address="127.0.0.1:0", **extra)
 
 
 @pytest.fixture
