@@ -168,6 +168,7 @@ class StatusWriter:
         self._records: collections.OrderedDict[str, _PostMortem] = collections.OrderedDict()
         self._written: dict[str, _Written] = {}
         self._last_write: dict[str, float] = {}  # uid -> when its last write was sent
+        self._failures: dict[str, int] = {}  # uid -> failed writes in a row
         self._owned: set[str] = set()
         self._seen_health: dict[str, dict[models.DeviceKey, models.HealthStatus]] = {}
         self._known_health: dict[str, set[models.DeviceKey]] = {}
@@ -209,6 +210,7 @@ class StatusWriter:
         self._records.pop(uid, None)
         self._written.pop(uid, None)
         self._last_write.pop(uid, None)
+        self._failures.pop(uid, None)
         self._seen_health.pop(uid, None)
         self._known_health.pop(uid, None)
         self._owned.discard(uid)
@@ -380,6 +382,7 @@ class StatusWriter:
 
     def _accepted(self, uid: str, body: Obj, answer: Obj, desired: podstatus.Desired) -> None:
         self.stats.results["ok"] += 1
+        self._failures.pop(uid, None)
         if _uid(answer) == uid:
             self._pods[uid] = answer
         self._check_gates(body, answer)
@@ -389,13 +392,19 @@ class StatusWriter:
 
     def _failed(self, uid: str, pod: Obj, exc: _kube_api.CallError) -> None:
         self.stats.results["failed"] += 1
+        streak = self._failures[uid] = self._failures.get(uid, 0) + 1
         meta = pod.get("metadata") or {}
-        logger.warning(
-            "Device status of pod %s/%s not written: %s", meta.get("namespace"), meta.get("name"),
-            exc,
+        # One warning per streak of failures, not one per retry of a long outage.
+        logger.log(
+            logging.WARNING if streak == 1 else logging.DEBUG,
+            "Device status of pod %s/%s not written (attempt %d): %s",
+            meta.get("namespace"), meta.get("name"), streak, exc,
         )  # fmt: skip
         if exc.status is None or exc.status == 429 or exc.status >= 500:
-            self._requeue(uid, 1.0)  # still transient: never drop the last state
+            # Still transient: never drop the last state, but back off per pod
+            # (1, 2, 4 ... 30 s, with jitter) so an outage is no retry storm.
+            delay = min(FAILED_RETRY_MAX, 2.0 ** (streak - 1)) * random.uniform(0.8, 1.2)
+            self._requeue(uid, delay)
 
     def _requeue(self, uid: str, delay: float) -> None:
         if uid in self._pods:
@@ -541,6 +550,8 @@ class StatusWriter:
 
 
 _ARS = "allocatedResourcesStatus"
+FAILED_RETRY_MAX = 30.0
+"""Longest wait before retrying a pod whose write failed transiently, seconds."""
 
 
 def json_patch(pod: Obj, plan: Obj) -> list[Obj]:

@@ -114,3 +114,30 @@ def test_a_changed_pod_breaks_the_assumptions() -> None:
     assert not _kube_writer.assumptions_hold(moved, ops)
     rewritten = pod([entry("Unknown")], [{"type": "DeviceHealthy"}])
     assert not _kube_writer.assumptions_hold(rewritten, ops)
+
+
+def test_transient_failures_of_one_pod_back_off_exponentially_with_a_cap() -> None:
+    # An API outage must cost each pod fewer and fewer attempts, not one a second.
+    from kubelet_dra import _kube_api, claims, clock, errors, settings
+
+    fake = clock.FakeClock()
+    writer = _kube_writer.StatusWriter(
+        api=None,  # type: ignore[arg-type]  # never called here
+        node_name="n",
+        index=claims.ClaimIndex(),
+        health=lambda key, now: None,  # type: ignore[arg-type,return-value]
+        config=settings.Settings(),
+        clock=fake,
+    )
+    writer._pods["u1"] = pod(None, None)
+    down = _kube_api.CallError("connection refused", status=None)
+    delays = []
+    for _ in range(8):
+        writer._failed("u1", writer._pods["u1"], down)
+        delays.append(writer._dirty["u1"] - fake.now())
+    for n, delay in enumerate(delays):
+        assert 0.8 * min(30.0, 2.0**n) <= delay <= 1.2 * min(30.0, 2.0**n)
+    writer._accepted("u1", {"status": {}}, pod(None, None), None)  # type: ignore[arg-type]
+    writer._failed("u1", writer._pods["u1"], down)
+    assert writer._dirty["u1"] - fake.now() <= 1.2  # a success resets the streak
+    assert isinstance(down, errors.ApiError)
