@@ -46,8 +46,8 @@ def rule_id(rule: dict[str, Any]) -> str:
 
 
 RULES = cluster_role()["rules"]
-#: Removing these rules breaks nothing: the sidecar posts core/v1 Events only.
-NOT_NEEDED = {"events.k8s.io:events"}
+#: Removing these rules breaks nothing (none: the ClusterRole has only what the code uses).
+NOT_NEEDED: set[str] = set()
 
 
 @pytest.fixture
