@@ -41,6 +41,8 @@ StreamState = _streams.StreamState
 EndpointStatus = _streams.EndpointStatus
 OnChange = Callable[[list[models.DeviceKey]], Awaitable[None]]
 _EPSILON = 0.001  # leases expire strictly after their deadline
+STOP_TIMEOUT = 3.0
+"""Seconds to wait for a cancelled stream task before giving up on it."""
 MAX_ENDPOINTS_PER_DRIVER = 4
 """Concurrent health streams per driver: a rolling upgrade needs two, a
 registry full of one driver's sockets must not open one stream each."""
@@ -177,7 +179,14 @@ class PluginManager:
         entry = self._endpoints.pop(endpoint)
         if entry.task is not None:
             entry.task.cancel()
-            await asyncio.gather(entry.task, return_exceptions=True)
+            # Bounded: a stream stuck in gRPC's channel teardown must not hold
+            # up deregistration or the sidecar's exit.
+            _, stuck = await asyncio.wait({entry.task}, timeout=STOP_TIMEOUT)
+            if stuck:
+                logger.warning(
+                    "health stream of driver %s at %s did not stop within %s s; leaving it",
+                    entry.plugin.driver, endpoint, STOP_TIMEOUT,
+                )  # fmt: skip
         if entry.status is not None:
             entry.status.state = StreamState.STOPPED
             await self.on_end(entry.status)

@@ -214,7 +214,9 @@ class FakeDriver:
             await asyncio.gather(self._resend_task, return_exceptions=True)
             self._resend_task = None
         for server in reversed(self._servers):
-            await server.stop(grace=None)
+            # Bounded, so a test's teardown can never hang on gRPC's shutdown.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.stop(grace=None), timeout=5.0)
         self._servers.clear()
         self._streams.clear()
         for path in (self.registration_socket, self.dra_socket):
