@@ -1,27 +1,30 @@
 """The pod status writer: coalesced, rate-limited, conflict-safe, never losing the last state.
 
 Private half of ``kube``. Counterpart of the kubelet's status manager and
-``pkg/util/pod`` ``PatchPodStatus``: a strategic-merge patch of
-``pods/<name>/status`` carrying the pod UID as a precondition, and no request
-when nothing changed.
+``pkg/util/pod`` ``PatchPodStatus``, and no request when nothing changed.
 
-How a write is made:
+How a write is made (see :func:`json_patch`):
 
-- ``containerStatuses`` (and ``initContainerStatuses``) are atomic lists, so
-  when our field changes we send the *current* list with only
-  ``allocatedResourcesStatus`` changed, guarded by ``metadata.resourceVersion``;
-  a 409 means someone else wrote first: re-read, re-apply, send again.
-  Conditions merge by type, so a condition-only change carries no
-  resourceVersion and cannot conflict.
+- a JSON patch of ``pods/<name>/status`` that sets only
+  ``allocatedResourcesStatus`` of each changed container status and our
+  condition, with ``test`` operations on what it assumes (the pod UID, the
+  container's name at its index, the entries it replaces, the condition's
+  type at its index). The kubelet sends the whole atomic ``containerStatuses``
+  list; we do not, so a kubelet changing other fields meanwhile is no
+  conflict. A failed test (422) or a 409 means someone else wrote first:
+  re-read, re-plan, send again.
 - Retries (tenacity, on the injected clock): 5xx, 429 (``Retry-After`` wins
   over the backoff) and lost connections. A pod is given up only when it is
   gone (404 or another UID); after the attempts run out it goes back into the
-  dirty set with a backoff, so its last state is written eventually.
+  dirty set with a per-pod exponential backoff (1 to 30 s), so its last state
+  is written eventually without a retry storm.
 
-Coalescing: ``mark_dirty`` puts pods in a set; the loop waits one ``window``,
-takes the set and writes each pod's *latest* desired status once, under a
-QPS/burst token bucket shared with every other request. Rounds are at least a
-window apart, so each pod gets at most one write per window whatever the storm.
+Coalescing: ``mark_dirty`` puts pods in a set with the time each is due. The
+window is leading-edge per pod: a pod not written within the last ``window``
+is due at once; later changes wait until a window after its last write and
+coalesce meanwhile. Each round writes every due pod's *latest* desired status
+once, under a QPS/burst token bucket shared with every other request, so each
+pod gets at most one write per window whatever the storm.
 
 ``--container-status``:
 
