@@ -319,6 +319,7 @@ class StatusWriter:
         )  # fmt: skip
 
     def _plan(self, uid: str, pod: Obj, desired: podstatus.Desired) -> Obj | None:
+        """The status fields that change, as ``{"status": {...}}`` (see :func:`json_patch`)."""
         status = pod.get("status") or {}
         with_containers = self._container_status_on(uid, pod, desired)
         new, changed = podstatus.merge(
@@ -327,16 +328,14 @@ class StatusWriter:
         )  # fmt: skip
         if not changed:
             return None
-        meta: Obj = {"uid": uid}
         patch: Obj = {}
         for field in _FIELDS:
             if new.get(field) != status.get(field):
                 patch[field] = new.get(field) or []
-                meta["resourceVersion"] = (pod.get("metadata") or {}).get("resourceVersion")
         ours = podstatus.find_condition(new, self._cfg.pod_condition_type)
         if ours is not None and ours != podstatus.find_condition(status, ours["type"]):
             patch["conditions"] = [ours]
-        return {"metadata": meta, "status": patch} if patch else None
+        return {"status": patch} if patch else None
 
     async def _send(self, pod: Obj, ops: list[Obj]) -> Obj:
         meta = pod.get("metadata") or {}
