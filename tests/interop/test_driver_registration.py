@@ -90,8 +90,12 @@ def test_notify_registration_status(interop_driver: DriverFactory, version: str)
     # The helper turns a rejected registration into a plain error (gRPC UNKNOWN).
     assert failed.value.code() == grpc.StatusCode.UNKNOWN
     assert "kubelet said no" in (failed.value.details() or "")
-    notified = drv.calls("/NotifyRegistrationStatus")
-    assert len(notified) == 2
+
+    # The driver reports each call on stdout, read by another thread: wait for both.
+    def notified(e: dict[str, object]) -> bool:
+        return str(e.get("method", "")).endswith("/NotifyRegistrationStatus")
+
+    assert len(drv.wait_for("call", notified, count=2)) == 2
 
 
 @pytest.mark.parametrize("version", ["current", "v035"])
