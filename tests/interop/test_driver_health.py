@@ -197,7 +197,7 @@ def test_two_streams_on_both_versions_get_the_same_report(interop_driver: Driver
     finally:
         v1.close()
         v1alpha1.close()
-    assert len(drv.find("stream_open")) == 2
+    assert len(drv.wait_for("stream_open", count=2)) == 2
 
 
 def test_helper_flags_stale_reports(interop_driver: DriverFactory) -> None:
