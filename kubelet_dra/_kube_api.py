@@ -31,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 T = TypeVar("T")
-STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 FIELD_MANAGER = "kubelet-dra-health"
@@ -121,17 +120,6 @@ class Api:
             ),
             pod=True,
         )
-
-    def patch_pod_status(self, namespace: str, name: str, body: Obj) -> Obj:
-        """A strategic-merge patch of ``pods/<name>/status`` (preconditions in metadata)."""
-        return self._call(
-            f"patch status of pod {namespace}/{name}",
-            lambda: self._core.patch_namespaced_pod_status(
-                name, namespace, body, field_manager=FIELD_MANAGER, _content_type=STRATEGIC,
-                _preload_content=False, _request_timeout=_TIMEOUT,
-            ),
-            pod=True,
-        )  # fmt: skip
 
     def json_patch_pod_status(self, namespace: str, name: str, ops: list[Obj]) -> Obj:
         """A JSON patch (RFC 6902, with ``test`` operations) of ``pods/<name>/status``."""

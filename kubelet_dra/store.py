@@ -133,11 +133,6 @@ def _value(key: models.DeviceKey, record: models.DeviceHealth) -> dict[str, Any]
     }
 
 
-def _encode_value(key: models.DeviceKey, record: models.DeviceHealth) -> str:
-    """The stored JSON of one record (what a flush writes for it)."""
-    return json.dumps(_value(key, record), ensure_ascii=False, separators=(",", ":"))
-
-
 class HealthStore:
     """The on-disk health cache. Thread-safe; blocking calls (use a thread)."""
 

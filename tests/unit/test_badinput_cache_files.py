@@ -50,7 +50,7 @@ def _open_checked(
     assert not db.degraded
     records = db.load()
     for key, record in records:  # every record that loads is a valid one
-        store.StoredDevice.model_validate_json(store._encode_value(key, record))
+        store.StoredDevice.model_validate(store._value(key, record))
     return db, records
 
 
