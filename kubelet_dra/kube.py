@@ -16,17 +16,17 @@ that runs on this node cannot change its allocation until the pod is gone,
 and a pod that references a new claim arrives through the pod watch.
 
 :class:`StatusWriter` (``_kube_writer``) turns dirty pods into status
-patches; :func:`expire_leases` turns lease deadlines of the health cache into
-dirty pods at the deadline. Wiring, as the manager does it::
+patches. Lease deadlines become dirty pods through ``plugins.PluginManager``'s
+deadline task, like every other health change. Wiring, as the manager does it::
 
     api = kube.Api(kube.load_client(settings.kubeconfig))
     writer = kube.StatusWriter(api=api, node_name=node, index=index,
                                health=cache.get, config=settings, clock=clock)
     pods = kube.NodePods(api=api, node_name=node, index=index, writer=writer,
                          clock=clock)
-    # health reports: changed = cache.update(...);
-    #                 writer.mark_dirty(index.pods_for_devices(changed))
-    # tasks: writer.run(), pods.run(), kube.expire_leases(...)
+    # every health change (reports, stream ends, lease deadlines) arrives as
+    # on_change(changed) -> writer.mark_dirty(index.pods_for_devices(changed))
+    # tasks: writer.run(), pods.run()
 """
 
 from __future__ import annotations
@@ -35,10 +35,9 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from kubelet_dra import _kube_api, _kube_events, _kube_writer, claims, errors, healthinfo
+from kubelet_dra import _kube_api, _kube_events, _kube_writer, claims, errors
 from kubelet_dra import clock as clock_mod
 
 logger = logging.getLogger(__name__)
@@ -235,33 +234,3 @@ class NodePods:
             else:
                 self._fetched.add(key)  # known absent: read, so the cache is synced
             return None
-
-
-async def expire_leases(
-    *,
-    cache: healthinfo.HealthCache,
-    index: claims.ClaimIndex,
-    mark_dirty: Callable[[frozenset[str]], None],
-    clock: clock_mod.Clock,
-    wake: asyncio.Event,
-    idle: float = 1.0,
-) -> None:
-    """Turn each lease that runs out into pod writes at its deadline.
-
-    ``wake`` is set by whoever updates the cache (a new lease may be earlier
-    than the one we sleep for); without it we re-check every ``idle`` seconds.
-    """
-    while True:
-        deadline = cache.next_deadline()
-        now = clock.now()
-        pause = idle if deadline is None else max(1e-3, min(idle, deadline - now))
-        wake.clear()
-        sleeper = asyncio.ensure_future(clock.sleep(pause))
-        woken = asyncio.ensure_future(wake.wait())
-        _, pending = await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        # expire() takes deadlines strictly before now, as leases are strict.
-        changed = cache.expire(clock.now())
-        if changed:
-            mark_dirty(index.pods_for_devices(changed))

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from typing import Any
 
-from kubelet_dra import claims, kube, models
+from kubelet_dra import claims, models
 from kubelet_dra.testing import fakeapi
 from tests.integration import test_kube_harness as h
 
@@ -80,37 +78,3 @@ async def test_transitions_become_aggregated_rate_limited_events() -> None:
         # First sight of a Healthy device is no transition: two Healthy flips, not three.
         await h.eventually(lambda: [e["count"] for e in t.server.events()
                                     if e["reason"] == "DeviceHealthy"] == [2])  # fmt: skip
-
-
-async def test_lease_expiry_is_written_at_the_deadline() -> None:
-    async with h.running() as t:
-        t.pod_with_gpu("p1", "gpu-0")
-        await h.eventually(lambda: t.pods.claims_synced)
-        wake = asyncio.Event()
-        expiry = asyncio.create_task(
-            kube.expire_leases(
-                cache=t.cache,
-                index=t.index,
-                mark_dirty=t.writer.mark_dirty,
-                clock=t.clock,
-                wake=wake,
-            )
-        )
-        try:
-            changed = t.cache.update(
-                h.DRV, [models.DeviceReport("pool", "gpu-0", H.HEALTHY, timeout_seconds=1)],
-                now=t.clock.now(),
-            )  # fmt: skip
-            deadline = t.clock.now() + 1
-            t.writer.mark_dirty(t.index.pods_for_devices(changed))
-            wake.set()
-            await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Healthy"})
-            await h.eventually(
-                lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unknown"}, timeout=5
-            )
-            assert t.clock.now() >= deadline
-            assert t.clock.now() < deadline + 1.5  # at the deadline, not on the next report
-        finally:
-            expiry.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await expiry
