@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import podstatus, settings
+from kubelet_dra import settings
 from kubelet_dra.testing import FakeApiServer, make_claim, make_pod
+from tests.integration._sidecar_process import pod_health, settings_for
 
 DRIVER = "gpu.example.com"
 NODE = "node-1"
@@ -67,17 +68,6 @@ def add_pod(api: FakeApiServer, name: str, index: int) -> None:
     """A pod on our node with one claim holding device ``gpu-<index>``."""
     api.create_claim(make_claim(f"claim-{name}", results=[(DRIVER, "pool", f"gpu-{index}", "gpu")]))
     api.create_pod(make_pod(name, NODE, claims=[f"claim-{name}"]))
-
-
-def pod_health(api: FakeApiServer, name: str) -> dict[str, tuple[str, str]]:
-    """resourceID -> (health, message) in the pod's container ``main``."""
-    status = api.get_pod("default", name).get("status") or {}
-    entries = podstatus.container_entries(status, "containerStatuses", "main")
-    return {
-        r["resourceID"]: (r["health"], r.get("message", ""))
-        for entry in entries
-        for r in entry.get("resources", [])
-    }
 
 
 class World:
@@ -159,22 +149,14 @@ def task_names() -> list[str]:
 
 
 def manager_settings(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.Settings:
-    values: dict[str, Any] = {
-        "node_name": NODE,
-        "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig"),
-        "plugins_registry": sockdir / "reg",
-        "state_dir": sockdir / "state",
-        "registry_poll_interval": 0.05,
-        "write_window": 0.01,
-        "store_flush_interval": 0.05,
-        "stream_backoff_initial": 0.05,
+    """In-process pipeline settings, with quick registration retries for restart rounds."""
+    quick = {
         "stream_backoff_max": 0.3,
         "get_info_timeout": 0.5,
         "registration_backoff_initial": 0.1,
         "registration_backoff_max": 0.5,
     }
-    values.update(extra)
-    return settings.Settings(**values)
+    return settings_for(sockdir, api, **{**quick, **extra})
 
 
 def names(prefix: str, count: int) -> Sequence[str]:

@@ -8,13 +8,14 @@ long one marked ``slow`` (``tox -e faults`` or ``pytest tests/faults -m slow``);
 from __future__ import annotations
 
 import pathlib
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from kubelet_dra.testing import FakeApiServer
+from tests.integration._driver_fixtures import sockdir
+
+__all__ = ["api", "sockdir"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -22,16 +23,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in pathlib.Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.faults)
-
-
-@pytest.fixture
-def sockdir() -> Iterator[pathlib.Path]:
-    # Unix socket paths are limited to 107 bytes: a short /tmp/kd* directory.
-    path = pathlib.Path(tempfile.mkdtemp(prefix="kd", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
