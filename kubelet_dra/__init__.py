@@ -19,7 +19,7 @@ from kubelet_dra.errors import (
 )
 from kubelet_dra.healthinfo import HealthCache, truncate_message
 from kubelet_dra.kube import NodePods, StatusWriter
-from kubelet_dra.manager import DRAHealthManager, PodHealthUpdate, Sidecar, SyncRunner
+from kubelet_dra.manager import DRAHealthManager, PodHealthUpdate
 from kubelet_dra.models import DeviceHealth, DeviceKey, DeviceReport, HealthStatus
 from kubelet_dra.plugins import PluginManager
 from kubelet_dra.podstatus import Desired
@@ -31,7 +31,9 @@ from kubelet_dra.registration import (
     make_plugin_info,
 )
 from kubelet_dra.settings import ContainerStatusMode, Role, Settings
+from kubelet_dra.sidecar import Sidecar
 from kubelet_dra.store import HealthStore
+from kubelet_dra.syncrunner import SyncRunner
 
 __all__ = [
     "ApiError",

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import pathlib
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -23,6 +25,7 @@ from typing import Any, TypeVar
 import kubernetes.client
 import kubernetes.config
 import urllib3.exceptions
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from kubelet_dra import errors
@@ -56,21 +59,55 @@ class Gone(CallError):
     """A watch's resourceVersion is too old (410): list again."""
 
 
-def load_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
-    """A client from a kubeconfig file, else the in-cluster service account."""
+def load_client(kubeconfig: str | os.PathLike[str] | None = None) -> kubernetes.client.ApiClient:
+    """A client from ``kubeconfig``, else in-cluster config, else ``~/.kube/config``.
+
+    Every way a kubeconfig can be unusable (missing, unreadable, not YAML, not
+    a kubeconfig) is an :class:`errors.ConfigError` with one readable line: the
+    client library raises ``TypeError`` or ``KeyError`` for some malformed
+    files, which would otherwise surface as a traceback and exit code 1.
+    """
+    if kubeconfig:
+        return _client_from_file(pathlib.Path(kubeconfig))
     try:
-        if kubeconfig:
-            config = kubernetes.client.Configuration()
-            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, client_configuration=config
-            )
-        else:
-            config = kubernetes.client.Configuration()
-            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=config
-            )
+        config = kubernetes.client.Configuration()
+        kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=config
+        )
+    except (kubernetes.config.ConfigException, OSError):
+        default = pathlib.Path.home() / ".kube" / "config"
+        if not default.is_file():
+            raise errors.ConfigError(
+                "no kubeconfig: not in a cluster and ~/.kube/config does not exist"
+            ) from None
+        return _client_from_file(default)
+    return _client(config)
+
+
+def _client_from_file(path: pathlib.Path) -> kubernetes.client.ApiClient:
+    if not path.is_file():
+        raise errors.ConfigError(f"kubeconfig {path} is not a readable file")
+    try:
+        parsed = yaml.safe_load(path.read_bytes())
+    except OSError as exc:
+        raise errors.ConfigError(f"kubeconfig {path} cannot be read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise errors.ConfigError(f"kubeconfig {path} is not valid YAML") from exc
+    if not isinstance(parsed, dict):
+        raise errors.ConfigError(f"kubeconfig {path} is not a kubeconfig (not a YAML mapping)")
+    config = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(path), client_configuration=config
+        )
     except (kubernetes.config.ConfigException, OSError) as exc:
         raise errors.ConfigError(f"cannot load Kubernetes credentials: {exc}") from exc
+    except Exception as exc:
+        raise errors.ConfigError(f"kubeconfig {path} is not a valid kubeconfig: {exc}") from exc
+    return _client(config)
+
+
+def _client(config: kubernetes.client.Configuration) -> kubernetes.client.ApiClient:
     # Our callers retry with backoff (tenacity, watch loops); urllib3's own three
     # immediate retries under them multiplied every attempt by four in an outage.
     config.retries = 0

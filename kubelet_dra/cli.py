@@ -151,7 +151,7 @@ def _where(loc: tuple[int | str, ...]) -> str:
 
 
 def _cmd_run(ns: argparse.Namespace) -> int:
-    from kubelet_dra import manager, metrics
+    from kubelet_dra import kube, metrics, sidecar
 
     settings = run_settings(ns)
     if not settings.node_name:
@@ -160,9 +160,9 @@ def _cmd_run(ns: argparse.Namespace) -> int:
         metrics.parse_address(settings.metrics_address)
     # Credentials are checked before anything starts, so a bad kubeconfig is
     # one line on stderr and exit 2, not a log of a half-started sidecar.
-    client = manager.load_client(settings)
+    client = kube.load_client(settings.kubeconfig)
     _limit_malloc_arenas()
-    code = _run_loop(_serve(manager.Sidecar(settings, api_client=client)))
+    code = _run_loop(_serve(sidecar.Sidecar(settings, api_client=client)))
     _exit_if_threads_block(code)
     return code
 

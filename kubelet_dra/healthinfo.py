@@ -236,6 +236,14 @@ class HealthCache:
             if (record.health, record.message) != _UNKNOWN_VIEW:
                 self._schedule(key, record.deadline)
 
+    def attach(self, sink: Sink) -> None:
+        """Persist every later change to ``sink`` (a store opened after the cache was built).
+
+        The cache a caller holds stays the live one: the manager builds it
+        before its state file is open and attaches the file once it is.
+        """
+        self._sink = sink
+
     def snapshot(self, now: float) -> Mapping[models.DeviceKey, models.DeviceHealth]:
         """Every device as a reader sees it at ``now``."""
         return {key: self.get(key, now) for key, _ in self.records()}

@@ -1,15 +1,22 @@
-"""``DRAHealthManager``: the pipeline wired together; the sidecar; a sync runner.
+"""``DRAHealthManager``: the pipeline wired together.
 
 Counterpart of the kubelet's DRA manager construction and wiring
 (``pkg/kubelet/cm/dra/manager.go`` ``NewManager``/``Start`` and
 ``container_manager_linux.go``), for two kinds of users:
 
-- the **sidecar** (:class:`Sidecar`, ``kubelet-dra-health run``): observer
-  role, claims and pods from the API, our status writer, metrics server;
+- the **sidecar** (:class:`kubelet_dra.sidecar.Sidecar`, ``kubelet-dra-health
+  run``): observer role, claims and pods from the API, our status writer,
+  metrics server;
 - a **node agent** that owns pod status: claims added programmatically
   (:attr:`DRAHealthManager.index`, :meth:`DRAHealthManager.set_pod`) and a
   callback that receives each pod's desired ``allocatedResourcesStatus`` and
-  condition (:class:`PodHealthUpdate`), coalesced like the writer's.
+  condition (:class:`PodHealthUpdate`), coalesced like the writer's; agents
+  that are not async run it with :class:`kubelet_dra.syncrunner.SyncRunner`.
+
+The health cache and the plugin manager are built once, in the constructor,
+and never replaced: whoever holds ``manager.cache`` or ``manager.plugins``
+before :meth:`DRAHealthManager.start` holds the live objects. ``start`` loads
+the state file into that cache and attaches the file as its sink.
 
 Start order: state file, cache, streams (with the lease-deadline task), API
 watches and writer, then the registry. Stop order is the reverse *except* that
@@ -25,13 +32,9 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import pathlib
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
-
-import yaml
 
 from kubelet_dra import (
     claims,
@@ -96,6 +99,7 @@ class DRAHealthManager:
         self.index = claims.ClaimIndex()
         self.store: store.HealthStore | None = None
         self.cache = healthinfo.HealthCache(default_lease=self.settings.health_timeout)
+        """The live health cache, from construction on (the state file is attached at start)."""
         self._on_status = on_status
         self._api_client = api_client
         self._static = tuple(static_plugins)
@@ -199,9 +203,8 @@ class DRAHealthManager:
         opened = await asyncio.to_thread(store.HealthStore.open, self.settings.state_dir)
         records = await asyncio.to_thread(opened.load)
         self.store = opened
-        self.cache = healthinfo.HealthCache(default_lease=self.settings.health_timeout, sink=opened)
         self.cache.load(records)
-        self.plugins.cache = self.cache
+        self.cache.attach(opened)
         # Leases that ran out while we were down turn Unknown now; their pods
         # are written once the pod cache has synced (every pod is checked then).
         expired = self.cache.expire(self.clock.now())
@@ -249,7 +252,9 @@ class DRAHealthManager:
     # -- the API side ------------------------------------------------------------
 
     async def _start_kube(self) -> None:
-        client = self._api_client or await asyncio.to_thread(load_client, self.settings)
+        client = self._api_client or await asyncio.to_thread(
+            kube.load_client, self.settings.kubeconfig
+        )
         api = kube.Api(client)
         node = self.settings.node_name
         if not node:
@@ -410,137 +415,15 @@ class DRAHealthManager:
         return checks
 
 
-def load_client(settings: settings_mod.Settings) -> Any:
-    """The kubeconfig setting, else in-cluster config, else ``~/.kube/config``.
+def __getattr__(name: str) -> Any:
+    # Old import paths (``kubelet_dra.manager.Sidecar``) of the classes that
+    # moved to their own modules; imported lazily, since both import this one.
+    if name == "Sidecar":
+        from kubelet_dra.sidecar import Sidecar
 
-    Every way a kubeconfig can be unusable (missing, unreadable, not YAML, not
-    a kubeconfig) is a :class:`errors.ConfigError` with one readable line: the
-    client library raises ``TypeError`` or ``KeyError`` for some malformed
-    files, which would otherwise surface as a traceback and exit code 1.
-    """
-    if settings.kubeconfig is not None:
-        return _client_from_file(settings.kubeconfig)
-    try:
-        return kube.load_client(None)
-    except errors.ConfigError:
-        default = pathlib.Path.home() / ".kube" / "config"
-        if not default.is_file():
-            raise errors.ConfigError(
-                "no kubeconfig: not in a cluster and ~/.kube/config does not exist"
-            ) from None
-        return _client_from_file(default)
+        return Sidecar
+    if name == "SyncRunner":
+        from kubelet_dra.syncrunner import SyncRunner
 
-
-def _client_from_file(path: pathlib.Path) -> Any:
-    if not path.is_file():
-        raise errors.ConfigError(f"kubeconfig {path} is not a readable file")
-    try:
-        parsed = yaml.safe_load(path.read_bytes())
-    except OSError as exc:
-        raise errors.ConfigError(f"kubeconfig {path} cannot be read: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise errors.ConfigError(f"kubeconfig {path} is not valid YAML") from exc
-    if not isinstance(parsed, dict):
-        raise errors.ConfigError(f"kubeconfig {path} is not a kubeconfig (not a YAML mapping)")
-    try:
-        return kube.load_client(str(path))
-    except errors.ConfigError:
-        raise
-    except Exception as exc:
-        raise errors.ConfigError(f"kubeconfig {path} is not a valid kubeconfig: {exc}") from exc
-
-
-class Sidecar:
-    """``kubelet-dra-health run``: the manager in the observer role plus metrics."""
-
-    def __init__(self, settings: settings_mod.Settings, *, api_client: Any = None) -> None:
-        observer = settings.model_copy(update={"role": settings_mod.Role.OBSERVER})
-        self.manager = DRAHealthManager(observer, api_client=api_client)
-        self.server: metrics.Server | None = None
-        self._beat: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> Sidecar:
-        logger.debug("settings: %s", self.manager.settings.model_dump(mode="json"))
-        address = self.manager.settings.metrics_address
-        if address:
-            # First, so that a taken port fails before anything else starts.
-            self._start_metrics(address)
-        try:
-            await self.manager.start()
-        except BaseException:
-            await self._stop_metrics()
-            await self.manager.close()
-            raise
-        return self
-
-    def _start_metrics(self, address: str) -> None:
-        collected = metrics.Metrics(self.manager.metric_state)
-        self.manager.store_commit_latency = collected.store_commit_latency.observe
-        self.manager.write_latency = collected.write_latency.observe
-        self.server = metrics.Server(
-            address,
-            loop=asyncio.get_running_loop(),
-            metrics=collected,
-            readiness=self.manager.readiness,
-        )
-        self.server.start()
-        self._beat = asyncio.create_task(self.server.beat(), name="heartbeat")
-        logger.info("metrics, /healthz and /readyz on http://%s", self.server.address)
-
-    async def _stop_metrics(self) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
-            await asyncio.gather(self._beat, return_exceptions=True)
-            self._beat = None
-        if self.server is not None:
-            # shutdown() waits for the serving thread's poll; keep it off the loop.
-            await asyncio.to_thread(self.server.stop)
-            self.server = None
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stop_metrics()
-        await self.manager.close()
-
-
-class SyncRunner:
-    """Run a manager on its own thread for agents that are not async.
-
-    ``with SyncRunner(DRAHealthManager(...)) as runner: runner.call(fn)``;
-    :meth:`call` runs a function (or awaits a coroutine) on the manager's loop
-    and returns its result.
-    """
-
-    def __init__(self, manager: DRAHealthManager, *, timeout: float = 30.0) -> None:
-        self.manager = manager
-        self.timeout = timeout
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="kubelet-dra", daemon=True
-        )
-
-    def __enter__(self) -> SyncRunner:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        self._thread.start()
-        self.call(self.manager.start)
-
-    def stop(self) -> None:
-        try:
-            self.call(self.manager.close)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(self.timeout)
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        async def run() -> Any:
-            result = fn(*args)
-            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                return await result
-            return result
-
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(self.timeout)
+        return SyncRunner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

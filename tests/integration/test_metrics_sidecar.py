@@ -1,4 +1,4 @@
-"""Metrics and probes of a running sidecar (``manager.Sidecar``, in process).
+"""Metrics and probes of a running sidecar (``kubelet_dra.Sidecar``, in process).
 
 The sidecar runs on the test's event loop; HTTP requests go from a worker
 thread, as the metrics server answers through that loop.
@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client import parser
 
-from kubelet_dra import manager, settings
+from kubelet_dra import settings
+from kubelet_dra.sidecar import Sidecar
 from kubelet_dra.testing import FakeApiServer, FakeDriver
 
 from ._driver_fixtures import wait_until
@@ -80,16 +81,14 @@ async def driver(sockdir: pathlib.Path) -> AsyncIterator[FakeDriver]:
         yield fake
 
 
-async def scrape(sidecar: manager.Sidecar) -> Scrape:
+async def scrape(sidecar: Sidecar) -> Scrape:
     assert sidecar.server is not None
     code, body = await http_get(f"http://{sidecar.server.address}/metrics")
     assert code == 200, body
     return Scrape(body)
 
 
-async def scrape_until(
-    sidecar: manager.Sidecar, sample: str, at_least: float, **labels: str
-) -> Scrape:
+async def scrape_until(sidecar: Sidecar, sample: str, at_least: float, **labels: str) -> Scrape:
     """Scrape until ``sample`` reaches ``at_least``: the API shows a write before
     the writer has read the answer and counted it."""
     found: list[Scrape] = []
@@ -105,7 +104,7 @@ async def scrape_until(
     return found[-1]
 
 
-async def probe(sidecar: manager.Sidecar, path: str) -> tuple[int, str]:
+async def probe(sidecar: Sidecar, path: str) -> tuple[int, str]:
     assert sidecar.server is not None
     return await http_get(f"http://{sidecar.server.address}{path}")
 
@@ -115,7 +114,7 @@ async def test_readyz_is_503_until_the_pod_cache_syncs(
 ) -> None:
     # The first pod list is slow: the sidecar is up but not ready.
     api.delay("GET", r"/pods$", 1.0, times=1, watch=False)
-    async with manager.Sidecar(config(sockdir, api)) as sidecar:
+    async with Sidecar(config(sockdir, api)) as sidecar:
         code, body = await probe(sidecar, "/readyz")
         assert code == 503
         detail = json.loads(body)
@@ -136,7 +135,7 @@ async def test_every_metric_family_is_exported(
     sockdir: pathlib.Path, api: FakeApiServer, driver: FakeDriver
 ) -> None:
     await driver.set_health(device("gpu-0"), device("gpu-1"))
-    async with manager.Sidecar(config(sockdir, api)) as sidecar:
+    async with Sidecar(config(sockdir, api)) as sidecar:
         await wait_until(lambda: health_of(api, "train-a", "gpu-0") == "Healthy")
         found = await scrape(sidecar)
     exported = {name: family.type for name, family in found.families.items()}
@@ -151,7 +150,7 @@ async def test_metric_values_follow_the_pipeline(
     # Long enough that a loaded CI machine never expires a lease before the
     # first scrape; short enough to wait for in the silence step.
     cfg = config(sockdir, api, health_timeout=2.0)
-    async with manager.Sidecar(cfg) as sidecar:
+    async with Sidecar(cfg) as sidecar:
         await wait_until(lambda: health_of(api, "train-b", "gpu-1") == "Healthy")
         first = await scrape_until(sidecar, "kubelet_dra_pod_writes_total", 2, result="ok")
         assert first.value("kubelet_dra_reports_total", driver=DRIVER) == 1

@@ -269,10 +269,10 @@ def test_unreadable_kubeconfig_is_a_config_error(
         raise PermissionError(13, "Permission denied", str(self))
 
     monkeypatch.setattr(pathlib.Path, "read_bytes", refuse)
-    from kubelet_dra import manager
+    from kubelet_dra import kube
 
     with pytest.raises(errors.ConfigError, match="cannot be read: Permission denied"):
-        manager.load_client(settings.Settings(kubeconfig=target))
+        kube.load_client(target)
 
 
 def test_version_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
