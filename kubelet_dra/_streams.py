@@ -1,28 +1,38 @@
-"""One endpoint's health stream: open, convert, reconnect.
+"""One endpoint's health stream as an async generator of events: open, convert, reconnect.
 
 Counterpart of the stream loop in the kubelet's
 ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`` (``add()``'s
 ``wait.UntilWithContext``), of ``DRAPlugin.NodeWatchResources`` in
-``dra_plugin.go`` and of ``buildDeviceHealth`` in ``manager.go``. It is used by
-:mod:`kubelet_dra.plugins`, which owns the tasks and the health cache.
+``dra_plugin.go`` and of ``buildDeviceHealth`` in ``manager.go``.
+
+:func:`watch` is the whole state machine of one endpoint's stream: it is the
+only code that sets :class:`StreamState`, and it tells its consumer
+(:class:`kubelet_dra.plugins.PluginManager`, which owns the task and the
+health cache) what happened as values, never by calling it back:
+
+- :class:`Report`: one response, converted (or refused as a whole);
+- :class:`Ended`: the stream is over (EOF, an error, ``UNIMPLEMENTED``, or a
+  bug in this module); the consumer turns the endpoint's devices ``Unknown``.
 
 Where the kubelet retries every 5 s forever, even on ``UNIMPLEMENTED``
-(issue #141855), this loop stops on ``UNIMPLEMENTED`` and otherwise backs off
-exponentially with jitter, up to a cap, resetting after a healthy period.
-Protobuf messages stop here: v1 and v1alpha1 responses both become
-``models.DeviceReport`` values.
+(issue #141855), the generator returns on ``UNIMPLEMENTED`` and otherwise
+backs off exponentially with jitter, up to a cap, resetting after a healthy
+period. Protobuf messages stop here: v1 and v1alpha1 responses both become
+``models.DeviceReport`` values. :data:`HEALTH_CLIENTS` is the one table of
+health-service stubs (``watchcmd`` uses it too).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import enum
 import logging
 import random
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator, Iterable
+from typing import Any
 
 import grpc
 
@@ -36,13 +46,14 @@ from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 
 logger = logging.getLogger(__name__)
 
-_CLIENTS: dict[str, tuple[Any, Any]] = {
+HEALTH_CLIENTS: dict[str, tuple[Any, Any]] = {
     "v1.DRAResourceHealth": (v1_grpc.DRAResourceHealthStub, v1_pb2.NodeWatchResourcesRequest),
     "v1alpha1.DRAResourceHealth": (
         v1alpha1_grpc.DRAResourceHealthStub,
         v1alpha1_pb2.NodeWatchResourcesRequest,
     ),
 }
+"""Negotiated health service name -> (stub class, ``NodeWatchResources`` request class)."""
 # Wire enum numbers are identical in v1alpha1 and v1.
 _HEALTH = {1: models.HealthStatus.HEALTHY, 2: models.HealthStatus.UNHEALTHY}
 MAX_NAME_BYTES = 1024
@@ -60,9 +71,13 @@ class StreamState(enum.StrEnum):
 
 
 class Outcome(enum.Enum):
+    """How a stream ended."""
+
     EOF = "eof"
     ERROR = "error"
     UNIMPLEMENTED = "unimplemented"
+    CRASHED = "crashed"  # a bug in this module; logged, then retried like an error
+    STOPPED = "stopped"  # the endpoint was removed (deregistration, shutdown)
 
 
 @dataclasses.dataclass
@@ -79,11 +94,11 @@ class EndpointStatus:
     last_error: str = ""
     logged: set[str] = dataclasses.field(default_factory=set, repr=False)
 
-    def log_once(self, reason: str, message: str, *args: object) -> None:
+    def log_once(self, reason: str, message: str, *args: object, exc_info: bool = False) -> None:
         """Log a problem once per reason for this endpoint, not once per message."""
         if reason not in self.logged:
             self.logged.add(reason)
-            logger.warning(message, *args)
+            logger.warning(message, *args, exc_info=exc_info)
 
 
 @dataclasses.dataclass
@@ -171,81 +186,121 @@ class Backoff:
         return min(base * (1 + self.jitter * self._rng.uniform(-1.0, 1.0)), self.cap)
 
 
-class Hooks(Protocol):
-    """What the stream loop hands its owner (``plugins.PluginManager``)."""
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """A stream event: one response, converted; apply it unless ``converted.refused``."""
 
-    async def on_report(self, status: EndpointStatus, converted: Converted) -> None: ...
-
-    async def on_end(self, status: EndpointStatus) -> None: ...
+    converted: Converted
 
 
-async def run_endpoint(
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """A stream event: the stream is over; its devices turn ``Unknown``."""
+
+    outcome: Outcome
+
+
+StreamEvent = Report | Ended
+
+
+def open_watch(channel: grpc.aio.Channel, service: str) -> Any:
+    """Call ``NodeWatchResources`` of a negotiated health ``service`` on ``channel``."""
+    stub_cls, request_cls = HEALTH_CLIENTS[service]
+    return stub_cls(channel).NodeWatchResources(request_cls())
+
+
+async def watch(
     plugin: registration.PluginInfo,
     status: EndpointStatus,
     *,
     settings: settings_mod.Settings,
     clock: clock_mod.Clock,
     rng: random.Random,
-    hooks: Hooks,
-) -> None:
-    """Stream from one endpoint until cancelled or the service is UNIMPLEMENTED."""
+) -> AsyncGenerator[StreamEvent, None]:
+    """Events of one endpoint's stream, reconnecting, until closed or ``UNIMPLEMENTED``.
+
+    ``status`` is updated as the stream goes (state, reconnects, last error);
+    closing the generator (or cancelling its consumer) sets ``STOPPED``.
+    """
     backoff = Backoff(
         initial=settings.stream_backoff_initial, cap=settings.stream_backoff_max, rng=rng
     )
-    while True:
-        status.state = StreamState.CONNECTING
-        outcome, healthy_for = await _stream_once(
-            plugin, status, settings=settings, clock=clock, hooks=hooks
-        )
-        await hooks.on_end(status)
-        if outcome is Outcome.UNIMPLEMENTED:
-            status.state = StreamState.UNIMPLEMENTED
-            logger.info(
-                "driver %s does not implement %s at %s; not retrying until it re-registers",
-                plugin.driver,
-                plugin.health_service,
-                plugin.endpoint,
-            )
-            return
-        if healthy_for >= settings.stream_backoff_reset_after:
-            backoff.reset()
-        status.state = StreamState.BACKOFF
-        await clock.sleep(backoff.next())
-        status.reconnects += 1
+    try:
+        while True:
+            status.state = StreamState.CONNECTING
+            run = _Run(clock)
+            try:
+                reports = _reports(plugin, status, settings, run)
+                async with contextlib.aclosing(reports):
+                    async for converted in reports:
+                        yield Report(converted)
+            except Exception:
+                logger.exception("health stream of driver %s crashed; restarting", plugin.driver)
+                run.outcome = Outcome.CRASHED
+            yield Ended(run.outcome)
+            if run.outcome is Outcome.UNIMPLEMENTED:
+                status.state = StreamState.UNIMPLEMENTED
+                logger.info(
+                    "driver %s does not implement %s at %s; not retrying until it re-registers",
+                    plugin.driver,
+                    plugin.health_service,
+                    plugin.endpoint,
+                )
+                return
+            status.state = StreamState.BACKOFF
+            await clock.sleep(_delay(run, backoff, settings))
+            status.reconnects += 1
+    except (GeneratorExit, asyncio.CancelledError):
+        status.state = StreamState.STOPPED
+        raise
 
 
-async def _stream_once(
+class _Run:
+    """One stream attempt: how it ended and when it first delivered a report."""
+
+    def __init__(self, clock: clock_mod.Clock) -> None:
+        self.clock = clock
+        self.outcome = Outcome.EOF
+        self.first: float | None = None
+
+    def healthy_for(self) -> float:
+        return 0.0 if self.first is None else self.clock.now() - self.first
+
+
+def _delay(run: _Run, backoff: Backoff, settings: settings_mod.Settings) -> float:
+    if run.outcome is Outcome.CRASHED:
+        return settings.stream_backoff_max  # a bug: do not spin on it
+    if run.healthy_for() >= settings.stream_backoff_reset_after:
+        backoff.reset()
+    return backoff.next()
+
+
+async def _reports(
     plugin: registration.PluginInfo,
     status: EndpointStatus,
-    *,
     settings: settings_mod.Settings,
-    clock: clock_mod.Clock,
-    hooks: Hooks,
-) -> tuple[Outcome, float]:
-    """One stream; returns how it ended and how long it delivered reports."""
+    run: _Run,
+) -> AsyncGenerator[Converted, None]:
+    """The converted responses of one stream; sets ``run.outcome`` when it ends."""
     assert plugin.health_service is not None
-    stub_cls, request_cls = _CLIENTS[plugin.health_service]
     options = [("grpc.max_receive_message_length", settings.max_message_bytes)]
-    first: float | None = None
     async with grpc.aio.insecure_channel(f"unix:{plugin.endpoint}", options=options) as channel:
-        call = stub_cls(channel).NodeWatchResources(request_cls())
         try:
-            async for response in call:
-                if first is None:
-                    first = clock.now()
+            async for response in open_watch(channel, plugin.health_service):
+                if run.first is None:
+                    run.first = run.clock.now()
                     status.state = StreamState.STREAMING
-                converted = convert(response.devices, max_devices=settings.max_devices_per_report)
-                await hooks.on_report(status, converted)
+                yield convert(response.devices, max_devices=settings.max_devices_per_report)
                 # A flooding driver must not starve the other streams and the writer.
                 await asyncio.sleep(0)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
                 # A message over max_message_bytes ends the stream on our side.
-                too_large = collections.Counter({"too_large": 1})
-                await hooks.on_report(status, Converted([], too_large, refused="too_large"))
-            return _classify(exc, status), _since(first, clock)
+                yield Converted([], collections.Counter({"too_large": 1}), refused="too_large")
+            run.outcome = _classify(exc, status)
+            return
     status.log_once("eof", "health stream of driver %s at %s ended", plugin.driver, plugin.endpoint)
-    return Outcome.EOF, _since(first, clock)
+    run.outcome = Outcome.EOF
 
 
 def _classify(exc: grpc.aio.AioRpcError, status: EndpointStatus) -> Outcome:
@@ -261,7 +316,3 @@ def _classify(exc: grpc.aio.AioRpcError, status: EndpointStatus) -> Outcome:
         status.last_error,
     )
     return Outcome.ERROR
-
-
-def _since(first: float | None, clock: clock_mod.Clock) -> float:
-    return 0.0 if first is None else clock.now() - first

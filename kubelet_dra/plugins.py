@@ -5,10 +5,13 @@ Counterpart of the kubelet's ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``
 ``HandleWatchResourcesStream`` in ``pkg/kubelet/cm/dra/manager.go``.
 
 :class:`PluginManager` receives ``registration.PluginEvent`` values through
-:meth:`PluginManager.handle` and runs one supervised task per endpoint that
-advertises a health service (the loop itself is in ``_streams``). Every
-report goes into the ``healthinfo.HealthCache``; the devices whose visible
-state changed go to ``on_change``. Differences from the kubelet, each tested:
+:meth:`PluginManager.handle` and runs one task per endpoint that
+advertises a health service. That task consumes the events of
+``_streams.watch`` (the stream's state machine) and applies each in one
+place, :meth:`PluginManager._apply`: a report goes into the
+``healthinfo.HealthCache``, the end of a stream turns the endpoint's devices
+``Unknown``; the devices whose visible state changed go to ``on_change``.
+Differences from the kubelet, each tested:
 
 - a stream that ends (EOF, error, deregistration) turns the devices *that
   endpoint* reported ``Unknown`` at once and notifies ``on_change`` (the
@@ -172,7 +175,7 @@ class PluginManager:
             return
         entry.status = EndpointStatus(plugin.driver, plugin.endpoint, plugin.health_service)
         entry.task = asyncio.create_task(
-            self._supervise(plugin, entry.status), name=f"health {plugin.endpoint}"
+            self._consume(plugin, entry.status), name=f"health {plugin.endpoint}"
         )
 
     async def _remove(self, endpoint: str) -> None:
@@ -188,34 +191,44 @@ class PluginManager:
                     entry.plugin.driver, endpoint, STOP_TIMEOUT,
                 )  # fmt: skip
         if entry.status is not None:
-            entry.status.state = StreamState.STOPPED
-            await self.on_end(entry.status)
+            await self._apply(entry.status, _streams.Ended(_streams.Outcome.STOPPED))
 
-    async def _supervise(self, plugin: registration.PluginInfo, status: EndpointStatus) -> None:
-        """Run the stream loop; a bug in it is logged and the loop restarted."""
-        while True:
-            try:
-                await _streams.run_endpoint(
-                    plugin,
-                    status,
-                    settings=self._settings,
-                    clock=self._clock,
-                    rng=self._rng,
-                    hooks=self,
-                )
-                return
-            except Exception:
-                logger.exception("health stream of driver %s crashed; restarting", plugin.driver)
-                await self.on_end(status)
-                status.state = StreamState.BACKOFF
-                await self._clock.sleep(self._settings.stream_backoff_max)
+    async def _consume(self, plugin: registration.PluginInfo, status: EndpointStatus) -> None:
+        """The endpoint's task: apply every event of its stream until the stream returns."""
+        events = _streams.watch(
+            plugin, status, settings=self._settings, clock=self._clock, rng=self._rng
+        )
+        async with contextlib.aclosing(events):
+            async for event in events:
+                await self._apply(status, event)
 
-    # -- stream hooks (called by _streams.run_endpoint) --------------------
+    # -- stream events -----------------------------------------------------
 
-    async def on_report(self, status: EndpointStatus, converted: _streams.Converted) -> None:
+    async def _apply(self, status: EndpointStatus, event: _streams.StreamEvent) -> None:
+        """The one place where a stream event changes the cache and notifies ``on_change``."""
+        try:
+            if isinstance(event, _streams.Report):
+                changed = self._record(status, event.converted)
+            else:
+                changed = self.cache.end_endpoint(status.driver, status.endpoint, self._clock.now())
+        except Exception:
+            # A bug here must not end the stream; the traceback once per endpoint.
+            status.log_once(
+                "apply_failed",
+                "driver %s at %s: applying a stream event failed",
+                status.driver,
+                status.endpoint,
+                exc_info=True,
+            )
+            return
+        await self._notify(changed)
+
+    def _record(
+        self, status: EndpointStatus, converted: _streams.Converted
+    ) -> list[models.DeviceKey]:
         self._count_problems(status, converted)
         if converted.refused is not None:
-            return
+            return []
         now = self._clock.now()
         changed = self.cache.update(
             status.driver, converted.reports, now=now, endpoint=status.endpoint
@@ -227,11 +240,7 @@ class PluginManager:
         stats.device_updates += len(converted.reports)
         stats.last_report = now
         self._poke_deadline()
-        await self._notify(changed)
-
-    async def on_end(self, status: EndpointStatus) -> None:
-        changed = self.cache.end_endpoint(status.driver, status.endpoint, self._clock.now())
-        await self._notify(changed)
+        return changed
 
     def _count_problems(self, status: EndpointStatus, converted: _streams.Converted) -> None:
         for reason, count in converted.problems.items():

@@ -24,18 +24,7 @@ from typing import Any, TextIO
 import grpc
 
 from kubelet_dra import _streams, clock, errors, healthinfo, registration, settings
-from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1_pb2
-from kubelet_dra._proto.dra_health.v1 import api_pb2_grpc as v1_grpc
-from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
-from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 
-_CLIENTS: dict[str, tuple[Any, Any]] = {
-    "v1.DRAResourceHealth": (v1_grpc.DRAResourceHealthStub, v1_pb2.NodeWatchResourcesRequest),
-    "v1alpha1.DRAResourceHealth": (
-        v1alpha1_grpc.DRAResourceHealthStub,
-        v1alpha1_pb2.NodeWatchResourcesRequest,
-    ),
-}
 _ENUM_NAMES = {0: "Unknown", 1: "Healthy", 2: "Unhealthy"}
 _MESSAGE_COLUMN = 60
 
@@ -220,11 +209,10 @@ async def _watch_one(plugin: registration.PluginInfo, options: Options, out: Tex
             f"{plugin.driver} only advertises v1alpha1.DRAResourceHealth; "
             "kubelets 1.37+ prefer v1 and v1alpha1 is due for removal around 1.40",
         )
-    stub_cls, request_cls = _CLIENTS[plugin.health_service]
     advisor, printed = Advisor(plugin.driver), False
     async with grpc.aio.insecure_channel(f"unix:{plugin.endpoint}") as channel:
         try:
-            async for response in stub_cls(channel).NodeWatchResources(request_cls()):
+            async for response in _streams.open_watch(channel, plugin.health_service):
                 now = time.time()
                 _render(
                     out,
