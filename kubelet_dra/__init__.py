@@ -1,12 +1,31 @@
 """kubelet-dra: the kubelet's DRA device-health pipeline (KEP-4680) in Python.
 
-The public API is re-exported here; modules are flat and private to the
-package unless named below. See ``docs/library.md``.
+The public surface is exactly two namespaces (``docs/library.md`` lists it
+with what each name is for):
+
+- ``kubelet_dra``: the names in :data:`__all__` below: the manager
+  (:class:`DRAHealthManager`, :class:`PodHealthUpdate`, :class:`Sidecar`,
+  :class:`SyncRunner`), its configuration (:class:`Settings`, :class:`Role`,
+  :class:`ContainerStatusMode`), the values it hands out (:class:`Desired`,
+  :class:`DeviceState`, :class:`DeviceKey`, :class:`DeviceReport`,
+  :class:`DeviceHealth`, :class:`HealthStatus`, :class:`Delta`), the one
+  status helper an agent needs (:func:`merge_pod_status`), the stages for
+  wiring your own pipeline (:class:`RegistryWatcher`, :class:`PluginManager`,
+  :class:`HealthCache`, :class:`HealthStore`, :class:`ClaimIndex`,
+  :class:`StatusWriter`, :class:`NodePods`), clocks and errors;
+- ``kubelet_dra.testing``: the test kit (``FakeDriver``, ``FakeDriverClient``,
+  ``FakeApiServer``, ``make_pod``, ``make_claim``).
+
+Every module is an implementation detail, including the ones without a
+leading underscore (``kubelet_dra.podstatus``, ``kubelet_dra.plugins``, ...):
+they may change between releases; import from the two namespaces above. The
+command line (``kubelet-dra-health``, ``python -m kubelet_dra``) is public
+through its flags, environment variables and exit codes, not its modules.
 """
 
 __version__ = "0.1.0"
 
-from kubelet_dra.claims import ClaimIndex, ClaimKey, PreparedDevice
+from kubelet_dra.claims import ClaimIndex, ClaimKey, Delta, PreparedDevice
 from kubelet_dra.clock import Clock, FakeClock, SystemClock
 from kubelet_dra.errors import (
     ApiError,
@@ -22,7 +41,8 @@ from kubelet_dra.kube import NodePods, StatusWriter
 from kubelet_dra.manager import DRAHealthManager, PodHealthUpdate
 from kubelet_dra.models import DeviceHealth, DeviceKey, DeviceReport, HealthStatus
 from kubelet_dra.plugins import PluginManager
-from kubelet_dra.podstatus import Desired
+from kubelet_dra.podstatus import Desired, DeviceState
+from kubelet_dra.podstatus import merge as merge_pod_status
 from kubelet_dra.registration import (
     EventKind,
     PluginEvent,
@@ -43,10 +63,12 @@ __all__ = [
     "ConfigError",
     "ContainerStatusMode",
     "DRAHealthManager",
+    "Delta",
     "Desired",
     "DeviceHealth",
     "DeviceKey",
     "DeviceReport",
+    "DeviceState",
     "EventKind",
     "FakeClock",
     "HealthCache",
@@ -72,5 +94,6 @@ __all__ = [
     "SystemClock",
     "__version__",
     "make_plugin_info",
+    "merge_pod_status",
     "truncate_message",
 ]

@@ -61,7 +61,7 @@ class PodHealthUpdate:
     ``desired.containers`` maps (status field, container) to the
     ``allocatedResourcesStatus`` entries we manage (``None``: remove that
     entry); ``desired.condition`` is the pod condition or ``None``. Use
-    ``podstatus.merge(current_status, desired, now=...)`` to apply it.
+    ``kubelet_dra.merge_pod_status(current_status, desired, now=...)`` to apply it.
     """
 
     pod_uid: str

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import kubelet_dra
-from kubelet_dra import podstatus
 from kubelet_dra.testing import FakeDriver, make_pod
 
 DRIVER = "gpu.example.com"
@@ -36,7 +35,9 @@ class PodStore:
     async def on_status(self, update: kubelet_dra.PodHealthUpdate) -> None:
         """The manager's callback: merge the desired device status into ours."""
         pod = self.pods[update.pod_uid]
-        pod["status"], changed = podstatus.merge(pod["status"], update.desired, now=time.time())
+        pod["status"], changed = kubelet_dra.merge_pod_status(
+            pod["status"], update.desired, now=time.time()
+        )
         if changed:
             for state in update.desired.devices:
                 line = f"{pod['metadata']['name']}: {state.resource_id} is {state.health}"
@@ -48,9 +49,13 @@ class PodStore:
         """Wait until the health values in this pod's status pass ``check``."""
 
         def healths() -> list[str]:
-            entries = podstatus.container_entries(
-                self.pods[uid]["status"], "containerStatuses", "main"
-            )
+            containers = self.pods[uid]["status"].get("containerStatuses", [])
+            entries = [
+                entry
+                for container in containers
+                if container["name"] == "main"
+                for entry in container.get("allocatedResourcesStatus", [])
+            ]
             return [r["health"] for e in entries for r in e.get("resources", [])]
 
         async with self.changed:
@@ -95,8 +100,7 @@ async def main(root: pathlib.Path) -> None:
     status = store.pods[uid]["status"]
     print("allocatedResourcesStatus:")
     print(json.dumps(status["containerStatuses"][0]["allocatedResourcesStatus"], indent=2))
-    condition = podstatus.find_condition(status, settings.pod_condition_type)
-    assert condition is not None
+    condition = next(c for c in status["conditions"] if c["type"] == settings.pod_condition_type)
     print(f"condition {condition['type']}={condition['status']} ({condition['reason']})")
     print(f"driver told it was registered: {registered == [(True, '')]}")
 

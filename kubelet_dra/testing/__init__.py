@@ -1,17 +1,23 @@
 """The public test kit: a real DRA driver and an API-server stand-in.
 
+Public names (:data:`__all__`; the modules behind them are private):
+
 - :class:`FakeDriver`: registration socket, DRA service and a scriptable
   health service (v1, v1alpha1, both, none, or UNIMPLEMENTED) over real gRPC
-  on unix sockets; also runnable as ``kubelet-dra-health fake-driver``.
+  on unix sockets; also runnable as ``kubelet-dra-health fake-driver``;
+- :class:`FakeDriverClient`: scripts such a subprocess through its JSON-lines
+  control socket;
 - :class:`FakeApiServer`: a real HTTP server the official ``kubernetes``
   client talks to, with the API's patch semantics, resourceVersion conflicts,
-  watches and fault injection.
+  watches and fault injection; :func:`make_pod` and :func:`make_claim` build
+  the objects it serves.
 
 Our own integration tests, the demo and the benchmarks use exactly these, so
 other projects can test their node agents and kubelets with them too.
 """
 
+from kubelet_dra.testing._fakedriver_control import FakeDriverClient
 from kubelet_dra.testing.fakeapi import FakeApiServer, make_claim, make_pod
 from kubelet_dra.testing.fakedriver import FakeDriver
 
-__all__ = ["FakeApiServer", "FakeDriver", "make_claim", "make_pod"]
+__all__ = ["FakeApiServer", "FakeDriver", "FakeDriverClient", "make_claim", "make_pod"]

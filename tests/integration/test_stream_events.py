@@ -55,7 +55,7 @@ async def test_events_and_states_of_one_stream(
     async with fakedriver.FakeDriver(registry=registry) as drv:
         await drv.set_health(device("pool", "gpu-0", "Unhealthy", message="ECC"))
         status, events = _watch(drv, fake_clock)
-        assert status.state is StreamState.CONNECTING
+        assert (status.state, status.reconnects) == (StreamState.CONNECTING, 0)
         first = await _next(events)
         assert isinstance(first, _streams.Report)
         assert [(r.device, r.health, r.message) for r in first.converted.reports] == [
@@ -118,7 +118,7 @@ async def test_a_bug_applying_an_event_is_logged_once_and_the_stream_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     cache, changes = healthinfo.HealthCache(), Changes()
-    failures = []
+    failures: list[int] = []
     real_update = cache.update
 
     def update_failing_twice(*args: object, **kwargs: object) -> list[models.DeviceKey]:
