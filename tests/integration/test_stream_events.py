@@ -68,7 +68,7 @@ async def test_events_and_states_of_one_stream(
         # The backoff sleep happens when the consumer asks for the next event.
         reconnect = asyncio.ensure_future(_next(events))
         await fake_clock.wait_for_sleepers(1)
-        assert status.state is StreamState.BACKOFF and fake_clock.sleep_calls == [1.0]
+        assert (status.state, fake_clock.sleep_calls) == (StreamState.BACKOFF, [1.0])
         fake_clock.advance(1.0)
         assert isinstance(await reconnect, _streams.Report)
         assert status.reconnects == 1
