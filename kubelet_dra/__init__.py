@@ -97,3 +97,21 @@ __all__ = [
     "merge_pod_status",
     "truncate_message",
 ]
+
+# Where the tool subcommands lived before ``kubelet_dra.commands``: private
+# modules, kept importable as ``from kubelet_dra import cachecmd`` so that code
+# written against the flat layout keeps working. No files at the old paths, so
+# that git follows the moves.
+_MOVED = {
+    "cachecmd": "kubelet_dra.commands.cache",
+    "demo": "kubelet_dra.commands.demo",
+    "watchcmd": "kubelet_dra.commands.watch",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        import importlib
+
+        return importlib.import_module(_MOVED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,10 +4,10 @@ The only module that configures logging and handles signals. Subcommands:
 
 - ``run``: the sidecar (observer role), flags in :data:`RUN_FLAGS`, each also
   read from its environment variable through ``settings.Settings``;
-- ``demo``: the whole pipeline on one machine (``demo.py``);
-- ``watch``: tail a driver's health stream (``watchcmd.py``);
+- ``demo``: the whole pipeline on one machine (``commands/demo.py``);
+- ``watch``: tail a driver's health stream (``commands/watch.py``);
 - ``fake-driver``: run the test kit's DRA driver (``testing/fakedriver.py``);
-- ``cache show``: read a health cache offline (``cachecmd.py``).
+- ``cache show``: read a health cache offline (``commands/cache.py``).
 
 Exit codes: 0 success, 1 runtime failure, 2 bad flags or configuration.
 """
@@ -30,8 +30,9 @@ from typing import Any
 
 import pydantic
 
-from kubelet_dra import __version__, cachecmd, errors
+from kubelet_dra import __version__, errors
 from kubelet_dra import settings as settings_mod
+from kubelet_dra.commands import cache
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_run_parser(commands)
     _add_optional_commands(commands)
-    cachecmd.add_parser(commands)
+    cache.add_parser(commands)
     return parser
 
 
@@ -116,11 +117,11 @@ def _add_run_parser(commands: Any) -> None:
 
 def _add_optional_commands(commands: Any) -> None:
     # Each tool registers itself; imported here so `run` does not pay for them.
-    from kubelet_dra import demo, watchcmd
+    from kubelet_dra.commands import demo, watch
     from kubelet_dra.testing import fakedriver
 
     demo.add_parser(commands)
-    watchcmd.add_watch_parser(commands)
+    watch.add_watch_parser(commands)
     fakedriver.add_fake_driver_parser(commands)
 
 

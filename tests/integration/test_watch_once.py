@@ -7,8 +7,8 @@ import io
 import json
 import pathlib
 
-from kubelet_dra import watchcmd
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1
+from kubelet_dra.commands import watch
 from kubelet_dra.testing import fakedriver
 
 from ._driver_fixtures import device
@@ -25,8 +25,8 @@ async def test_once_prints_one_table_and_exits_zero(registry: pathlib.Path) -> N
             device("pool", "gpu-1", "Unhealthy", timeout_seconds=90),
         )
         out = io.StringIO()
-        options = watchcmd.Options(socket=str(drv.registration_socket), once=True, timeout=5)
-        assert await watchcmd.watch(options, out=out) == 0
+        options = watch.Options(socket=str(drv.registration_socket), once=True, timeout=5)
+        assert await watch.watch(options, out=out) == 0
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("== gpu.example.com via v1.DRAResourceHealth at ")
     assert lines[1].split() == ["DEVICE", "HEALTH", "LEASE", "AGE", "MESSAGE"]
@@ -40,8 +40,8 @@ async def test_once_json_warns_about_enum_and_message_size(registry: pathlib.Pat
     async with fakedriver.FakeDriver(registry=registry / "d", health_versions=("v1alpha1",)) as drv:
         await drv.set_health(device("pool", "gpu-0", 7, message="m" * 2000))
         out = io.StringIO()
-        options = watchcmd.Options(registry=str(registry), once=True, output="json", timeout=5)
-        assert await watchcmd.watch(options, out=out) == 0
+        options = watch.Options(registry=str(registry), once=True, output="json", timeout=5)
+        assert await watch.watch(options, out=out) == 0
     note, report = json_lines(out)
     assert "only advertises v1alpha1" in str(note["note"])
     assert report["service"] == "v1alpha1.DRAResourceHealth"
@@ -54,8 +54,8 @@ async def test_once_json_warns_about_enum_and_message_size(registry: pathlib.Pat
 async def test_advertised_but_unimplemented_is_an_error(registry: pathlib.Path) -> None:
     async with fakedriver.FakeDriver(registry=registry, unimplemented=True) as drv:
         out = io.StringIO()
-        options = watchcmd.Options(socket=str(drv.registration_socket), once=True, timeout=5)
-        assert await watchcmd.watch(options, out=out) == 1
+        options = watch.Options(socket=str(drv.registration_socket), once=True, timeout=5)
+        assert await watch.watch(options, out=out) == 1
     assert "answers UNIMPLEMENTED" in out.getvalue()
     assert drv.calls["NodeWatchResources/v1"] == 1
 
@@ -63,17 +63,17 @@ async def test_advertised_but_unimplemented_is_an_error(registry: pathlib.Path) 
 async def test_driver_filter_and_no_health_service(registry: pathlib.Path) -> None:
     async with fakedriver.FakeDriver("a.example.com", registry=registry, health_versions=()):
         out = io.StringIO()
-        options = watchcmd.Options(registry=str(registry), driver="b.example.com", once=True)
-        assert await watchcmd.watch(options, out=out) == 1
+        options = watch.Options(registry=str(registry), driver="b.example.com", once=True)
+        assert await watch.watch(options, out=out) == 1
         assert "no DRA driver found named b.example.com" in out.getvalue()
         out = io.StringIO()
-        options = watchcmd.Options(registry=str(registry), once=True, timeout=2)
-        assert await watchcmd.watch(options, out=out) == 1
+        options = watch.Options(registry=str(registry), once=True, timeout=2)
+        assert await watch.watch(options, out=out) == 1
         assert "advertises no health service" in out.getvalue()
 
 
 def test_advisor_warns_when_resend_is_slower_than_the_lease() -> None:
-    advisor = watchcmd.Advisor("gpu.example.com")
+    advisor = watch.Advisor("gpu.example.com")
 
     def report(*names: str) -> v1.NodeWatchResourcesResponse:
         return v1.NodeWatchResourcesResponse(
@@ -97,10 +97,10 @@ def test_advisor_warns_when_resend_is_slower_than_the_lease() -> None:
 
 def test_parser_registers_watch_subcommand() -> None:
     parser = argparse.ArgumentParser()
-    watchcmd.add_watch_parser(parser.add_subparsers(dest="command"))
+    watch.add_watch_parser(parser.add_subparsers(dest="command"))
     ns = parser.parse_args(["watch", "--socket", "/x.sock", "--once", "--output", "json"])
     assert (ns.handler, ns.socket, ns.once, ns.output) == (
-        watchcmd.run_watch,
+        watch.run_watch,
         "/x.sock",
         True,
         "json",

@@ -140,3 +140,13 @@ kubelet_dra.DRAHealthManager
         "from kubelet_dra.testing._fakedriver_control import ...",
         "kubelet_dra.podstatus.find_condition",
     ]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("cachecmd", "cache"), ("demo", "demo"), ("watchcmd", "watch")],
+)
+def test_moved_command_modules_keep_their_old_import_path(old: str, new: str) -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from kubelet_dra import {old} as moved", namespace)
+    assert namespace["moved"] is importlib.import_module(f"kubelet_dra.commands.{new}")
