@@ -19,7 +19,7 @@ Where the kubelet retries every 5 s forever, even on ``UNIMPLEMENTED``
 backs off exponentially with jitter, up to a cap, resetting after a healthy
 period. Protobuf messages stop here: v1 and v1alpha1 responses both become
 ``models.DeviceReport`` values. :data:`HEALTH_CLIENTS` is the one table of
-health-service stubs (``watchcmd`` uses it too).
+health-service stubs (``commands.watch`` uses it too).
 """
 
 from __future__ import annotations
