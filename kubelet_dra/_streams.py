@@ -178,9 +178,11 @@ class Backoff:
         self._attempt = 0
 
     def reset(self) -> None:
+        """Start again from ``initial`` (after a healthy period)."""
         self._attempt = 0
 
     def next(self) -> float:
+        """The next delay: doubled each time up to ``cap``, with jitter."""
         base = min(self.initial * 2.0**self._attempt, self.cap)
         self._attempt += 1
         return min(base * (1 + self.jitter * self._rng.uniform(-1.0, 1.0)), self.cap)

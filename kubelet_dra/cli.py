@@ -251,6 +251,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line, for log collectors."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """``ts``, ``level``, ``logger``, ``msg`` and ``exc`` when there is one."""
         entry = {
             "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
             "level": record.levelname.lower(),

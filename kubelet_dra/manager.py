@@ -134,6 +134,7 @@ class DRAHealthManager:
         await self.close()
 
     async def start(self) -> None:
+        """Open the state file, start the streams, the API side or the callback, the registry."""
         await self._open_store()
         await self.plugins.start()
         if self._on_status is None:
@@ -307,6 +308,7 @@ class DRAHealthManager:
         self.mark_pods([uid])
 
     def remove_pod(self, uid: str) -> None:
+        """Forget a node agent's pod: no more callbacks for it."""
         self._agent_pods.pop(uid, None)
         self.index.remove_pod(uid)
 

@@ -113,6 +113,7 @@ class PluginManager:
         await self.close()
 
     async def start(self) -> None:
+        """Start the lease-deadline task; streams start as plugins register."""
         if self._deadline_task is None:
             self._deadline_task = asyncio.create_task(self._deadline_loop(), name="lease-deadlines")
 
