@@ -25,6 +25,7 @@ through its flags, environment variables and exit codes, not its modules.
 
 __version__ = "0.1.0"
 
+from kubelet_dra.agentpods import PodHealthUpdate
 from kubelet_dra.claims import ClaimIndex, ClaimKey, Delta, PreparedDevice
 from kubelet_dra.clock import Clock, FakeClock, SystemClock
 from kubelet_dra.errors import (
@@ -38,7 +39,7 @@ from kubelet_dra.errors import (
 )
 from kubelet_dra.healthinfo import HealthCache, truncate_message
 from kubelet_dra.kube import NodePods, StatusWriter
-from kubelet_dra.manager import DRAHealthManager, PodHealthUpdate
+from kubelet_dra.manager import DRAHealthManager
 from kubelet_dra.models import DeviceHealth, DeviceKey, DeviceReport, HealthStatus
 from kubelet_dra.plugins import PluginManager
 from kubelet_dra.podstatus import Desired, DeviceState

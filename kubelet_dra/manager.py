@@ -10,8 +10,9 @@ Counterpart of the kubelet's DRA manager construction and wiring
 - a **node agent** that owns pod status: claims added programmatically
   (:attr:`DRAHealthManager.index`, :meth:`DRAHealthManager.set_pod`) and a
   callback that receives each pod's desired ``allocatedResourcesStatus`` and
-  condition (:class:`PodHealthUpdate`), coalesced like the writer's; agents
-  that are not async run it with :class:`kubelet_dra.syncrunner.SyncRunner`.
+  condition (:class:`kubelet_dra.agentpods.PodHealthUpdate`), coalesced like
+  the writer's (:class:`kubelet_dra.agentpods.AgentPods`); agents that are not
+  async run it with :class:`kubelet_dra.syncrunner.SyncRunner`.
 
 The health cache and the plugin manager are built once, in the constructor,
 and never replaced: whoever holds ``manager.cache`` or ``manager.plugins``
@@ -30,13 +31,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from kubelet_dra import (
+    agentpods,
     claims,
     errors,
     healthinfo,
@@ -54,21 +55,8 @@ from kubelet_dra import settings as settings_mod
 logger = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
-class PodHealthUpdate:
-    """What a node agent's callback receives: one pod's desired device status.
-
-    ``desired.containers`` maps (status field, container) to the
-    ``allocatedResourcesStatus`` entries we manage (``None``: remove that
-    entry); ``desired.condition`` is the pod condition or ``None``. Use
-    ``kubelet_dra.merge_pod_status(current_status, desired, now=...)`` to apply it.
-    """
-
-    pod_uid: str
-    desired: podstatus.Desired
-
-
-StatusCallback = Callable[[PodHealthUpdate], Awaitable[None] | None]
+PodHealthUpdate = agentpods.PodHealthUpdate
+StatusCallback = agentpods.StatusCallback
 
 POD_WRITE_RESULTS = ("ok", "conflict", "retried", "failed")
 """Results of pod status writes that are always exported, zero or not (the
@@ -106,9 +94,14 @@ class DRAHealthManager:
         self._watch_registry = watch_registry
         self._tasks: list[asyncio.Task[Any]] = []
         self._closing = False
-        self._agent_pods: dict[str, Mapping[str, Any]] = {}
-        self._agent_dirty: set[str] = set()
-        self._agent_wake = asyncio.Event()
+        self.agent = agentpods.AgentPods(
+            index=self.index,
+            health=self.cache.get,
+            settings=self.settings,
+            clock=self.clock,
+            on_status=on_status,
+        )
+        """The node agent's pods (``set_pod``); their status goes to ``on_status``."""
         self.primed = asyncio.Event()
         """Set when pod writes may start (see ``Settings.startup_grace``)."""
         self.plugins = plugins.PluginManager(
@@ -140,7 +133,7 @@ class DRAHealthManager:
         if self._on_status is None:
             await self._start_kube()
         else:
-            self._spawn(self._after_priming(self._agent_loop()), "status-callback")
+            self._spawn(self._after_priming(self.agent.run()), "status-callback")
         self._spawn(self._flush_loop(), "store-flush")
         self.watcher = registration.RegistryWatcher(
             self.settings.plugins_registry if self._watch_registry else None,
@@ -295,63 +288,25 @@ class DRAHealthManager:
         if self.writer is not None:
             self.writer.mark_dirty(pods)
         if self._on_status is not None and pods:
-            self._agent_dirty |= pods
-            self._agent_wake.set()
+            self.agent.mark_dirty(pods)
 
-    # -- node-agent mode -------------------------------------------------------
+    # -- node-agent mode (see agentpods.AgentPods) -------------------------------
 
     def set_pod(self, pod: Mapping[str, Any]) -> None:
         """A node agent's pod (a dict as the API shows it); its status is recomputed."""
-        uid = str(pod["metadata"]["uid"])
-        self._agent_pods[uid] = pod
-        self.index.set_pod(pod)
-        self.mark_pods([uid])
+        self.agent.set_pod(pod)
 
     def remove_pod(self, uid: str) -> None:
         """Forget a node agent's pod: no more callbacks for it."""
-        self._agent_pods.pop(uid, None)
-        self.index.remove_pod(uid)
+        self.agent.remove_pod(uid)
 
     def mark_pods(self, uids: Iterable[str]) -> None:
         """Recompute these pods' desired status (after changing claims, say)."""
-        self._agent_dirty |= set(uids)
-        self._agent_wake.set()
+        self.agent.mark_dirty(uids)
 
     def desired(self, uid: str) -> podstatus.Desired | None:
         """The desired device status of a known pod, now."""
-        pod = self._agent_pods.get(uid)
-        if pod is None:
-            return None
-        now = self.clock.now()
-        return podstatus.desired_status(
-            pod,
-            index=self.index,
-            health_of=lambda key: self.cache.get(key, now),
-            now=now,
-            condition_type=self.settings.pod_condition_type,
-        )
-
-    async def _agent_loop(self) -> None:
-        assert self._on_status is not None
-        while True:
-            await self._agent_wake.wait()
-            await self.clock.sleep(self.settings.write_window)
-            self._agent_wake.clear()
-            dirty, self._agent_dirty = self._agent_dirty, set()
-            for uid in sorted(dirty):
-                await self._deliver(uid)
-
-    async def _deliver(self, uid: str) -> None:
-        assert self._on_status is not None
-        desired = self.desired(uid)
-        if desired is None:
-            return
-        try:
-            result = self._on_status(PodHealthUpdate(uid, desired))
-            if result is not None:
-                await result
-        except Exception:
-            logger.exception("status callback failed for pod %s", uid)
+        return self.agent.desired(uid)
 
     # -- observability ---------------------------------------------------------
 
@@ -381,7 +336,7 @@ class DRAHealthManager:
             devices=dict(devices),
             lease_expiries=self.plugins.lease_expiries + self._expired_at_start,
             pod_writes={**dict.fromkeys(POD_WRITE_RESULTS, 0), **(stats.results if stats else {})},
-            pending_pods=stats.pending if stats else len(self._agent_dirty),
+            pending_pods=stats.pending if stats else self.agent.pending,
             store_pending=self.store.pending if self.store else 0,
             store_degraded=bool(self.store and self.store.degraded),
             store_errors=self.store_errors,
