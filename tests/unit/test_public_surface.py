@@ -150,3 +150,13 @@ def test_moved_command_modules_keep_their_old_import_path(old: str, new: str) ->
     namespace: dict[str, object] = {}
     exec(f"from kubelet_dra import {old} as moved", namespace)
     assert namespace["moved"] is importlib.import_module(f"kubelet_dra.commands.{new}")
+
+
+def test_classes_that_left_the_manager_module_keep_their_old_import_path() -> None:
+    from kubelet_dra.manager import PodHealthUpdate, Sidecar, SyncRunner
+
+    assert (Sidecar, SyncRunner, PodHealthUpdate) == (
+        kubelet_dra.Sidecar,
+        kubelet_dra.SyncRunner,
+        kubelet_dra.PodHealthUpdate,
+    )
