@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubelet_dra import _kube_events, errors
+from kubelet_dra import errors
 from kubelet_dra.clock import FakeClock
+from kubelet_dra.kube import events as _kube_events
 
 POD = {"kind": "Pod", "name": "p", "namespace": "default", "uid": "u1"}
 

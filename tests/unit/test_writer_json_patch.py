@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import _kube_writer
+from kubelet_dra.kube import writer as _kube_writer
 
 ARS = "allocatedResourcesStatus"
 
@@ -118,7 +118,8 @@ def test_a_changed_pod_breaks_the_assumptions() -> None:
 
 def test_transient_failures_of_one_pod_back_off_exponentially_with_a_cap() -> None:
     # An API outage must cost each pod fewer and fewer attempts, not one a second.
-    from kubelet_dra import _kube_api, claims, clock, errors, settings
+    from kubelet_dra import claims, clock, errors, settings
+    from kubelet_dra.kube import api as _kube_api
 
     fake = clock.FakeClock()
     writer = _kube_writer.StatusWriter(

@@ -1,6 +1,6 @@
 """Kubernetes Events for device-health transitions, rate-limited and aggregated.
 
-Private half of ``kube``. Mirrors what client-go's ``EventCorrelator`` gives
+Part of ``kube``. Mirrors what client-go's ``EventCorrelator`` gives
 the kubelet's recorder: repeats of one event series (same object, same
 reason) within ``interval`` become one Event whose ``count`` and
 ``lastTimestamp`` are updated, at most one request per series per interval.

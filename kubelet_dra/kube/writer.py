@@ -1,6 +1,6 @@
 """The pod status writer: coalesced, rate-limited, conflict-safe, never losing the last state.
 
-Private half of ``kube``. Counterpart of the kubelet's status manager and
+Part of ``kube``. Counterpart of the kubelet's status manager and
 ``pkg/util/pod`` ``PatchPodStatus``, and no request when nothing changed.
 
 How a write is made (see :func:`json_patch`):
@@ -61,8 +61,10 @@ from typing import Any
 
 import tenacity
 
-from kubelet_dra import _kube_api, _kube_events, claims, errors, models, podstatus, settings
+from kubelet_dra import claims, errors, models, podstatus, settings
 from kubelet_dra import clock as clock_mod
+from kubelet_dra.kube import api as kube_api
+from kubelet_dra.kube import events as kube_events
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +75,9 @@ RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
 MAX_CONFLICTS = 5
 _FIELDS = (claims.CONTAINERS, claims.INIT_CONTAINERS)
 _EVENT_REASON = {
-    models.HealthStatus.UNHEALTHY: (_kube_events.DEVICE_UNHEALTHY, "Warning"),
-    models.HealthStatus.HEALTHY: (_kube_events.DEVICE_HEALTHY, "Normal"),
-    models.HealthStatus.UNKNOWN: (_kube_events.DEVICE_HEALTH_UNKNOWN, "Warning"),
+    models.HealthStatus.UNHEALTHY: (kube_events.DEVICE_UNHEALTHY, "Warning"),
+    models.HealthStatus.HEALTHY: (kube_events.DEVICE_HEALTHY, "Normal"),
+    models.HealthStatus.UNKNOWN: (kube_events.DEVICE_HEALTH_UNKNOWN, "Warning"),
 }
 
 
@@ -141,14 +143,14 @@ class StatusWriter:
     def __init__(
         self,
         *,
-        api: _kube_api.Api,
+        api: kube_api.Api,
         node_name: str,
         index: claims.ClaimIndex,
         health: HealthLookup,
         config: settings.Settings,
         clock: clock_mod.Clock,
         limiter: TokenBucket | None = None,
-        events: _kube_events.EventRecorder | None = None,
+        events: kube_events.EventRecorder | None = None,
         concurrency: int = 8,
         max_attempts: int = 5,
     ) -> None:
@@ -160,7 +162,7 @@ class StatusWriter:
         self._limiter = limiter or TokenBucket(
             qps=config.api_qps, burst=config.api_burst, clock=clock
         )
-        self._events = events or _kube_events.EventRecorder(
+        self._events = events or kube_events.EventRecorder(
             node=node_name, clock=clock, interval=config.event_interval
         )
         self._sem = asyncio.Semaphore(concurrency)
@@ -253,7 +255,7 @@ class StatusWriter:
         self._refresh_stats()
 
     @property
-    def events(self) -> _kube_events.EventRecorder:
+    def events(self) -> kube_events.EventRecorder:
         return self._events
 
     # -- one pod -------------------------------------------------------------
@@ -284,7 +286,7 @@ class StatusWriter:
                 self.stats.results["gone"] += 1
                 self.pod_deleted(uid)
                 return
-            except _kube_api.CallError as exc:
+            except kube_api.CallError as exc:
                 if exc.status in (409, 422):
                     fresh = await self._reread(pod)
                     # A failed `test` (422) means the pod changed under us: a
@@ -392,7 +394,7 @@ class StatusWriter:
         if any(field in sent for field in _FIELDS):
             self._written[uid] = _Written(_rv(answer), _managed_entries(answer, desired))
 
-    def _failed(self, uid: str, pod: Obj, exc: _kube_api.CallError) -> None:
+    def _failed(self, uid: str, pod: Obj, exc: kube_api.CallError) -> None:
         self.stats.results["failed"] += 1
         streak = self._failures[uid] = self._failures.get(uid, 0) + 1
         meta = pod.get("metadata") or {}
@@ -414,7 +416,7 @@ class StatusWriter:
             self.stats.pending = len(self._dirty)
             self._wake.set()
 
-    def _rejected_sidecars(self, exc: _kube_api.CallError, body: Obj) -> bool:
+    def _rejected_sidecars(self, exc: kube_api.CallError, body: Obj) -> bool:
         # Validation of initContainerStatuses' health entries is not verified
         # upstream: if the server refuses them, stop sending them.
         if exc.status != 422 or claims.INIT_CONTAINERS not in body["status"] or not self._sidecars:
@@ -473,7 +475,7 @@ class StatusWriter:
             "ResourceHealthStatus feature gate is off. Writing only the pod condition from now on."
         )
         self._events.record(
-            _kube_events.node_ref(self.node), "ResourceHealthStatusDisabled",
+            kube_events.node_ref(self.node), "ResourceHealthStatusDisabled",
             "The API server drops allocatedResourcesStatus (feature gate ResourceHealthStatus "
             "off); only the device-health condition is written", kind="Warning",
         )  # fmt: skip
@@ -526,7 +528,7 @@ class StatusWriter:
             reason, kind = _EVENT_REASON[state.health]
             message = f"Device {state.key} (claim {state.claim_ref}) is {state.health}"
             message += f": {state.message}" if state.message else ""
-            self._events.record(_kube_events.pod_ref(pod), reason, message, kind=kind)
+            self._events.record(kube_events.pod_ref(pod), reason, message, kind=kind)
 
     async def _create_event(self, namespace: str, body: Obj) -> Obj:
         return await self._call(self._api.create_event, namespace, body)
@@ -655,7 +657,7 @@ def _resolve(doc: Any, pointer: str) -> Any:
 
 def _transient(exc: BaseException) -> bool:
     return (
-        isinstance(exc, _kube_api.CallError)
+        isinstance(exc, kube_api.CallError)
         and not isinstance(exc, errors.PodGone)
         and (exc.transient)
     )

@@ -1,6 +1,6 @@
 """Blocking calls to the Kubernetes API on plain JSON, errors translated.
 
-Private half of ``kube``: the only other module importing ``kubernetes``.
+Part of ``kube``: the only other module importing ``kubernetes``.
 Every call asks the official client for the raw response
 (``_preload_content=False``) and decodes the JSON itself, so no ``V1Pod``
 ever exists and fields the client's models do not know (a newer API's
@@ -9,7 +9,7 @@ ever exists and fields the client's models do not know (a newer API's
 Client exceptions become :class:`CallError` (an ``errors.ApiError`` with the
 HTTP status, ``None`` for a lost connection, and ``Retry-After`` when the
 server sent one); a 404 on a pod becomes ``errors.PodGone``. The callers in
-``kube`` run these through ``asyncio.to_thread``.
+``kube.pods`` and ``kube.writer`` run these through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
