@@ -39,16 +39,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
-from kubelet_dra import models
+from kubelet_dra import models, podjson
+from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
 
 CONTAINERS = "containerStatuses"
 INIT_CONTAINERS = "initContainerStatuses"
-
-Obj = Mapping[str, Any]
 
 
 class ClaimKey(NamedTuple):
@@ -173,9 +172,9 @@ def resolve_claim_name(pod: Obj, ref: str) -> tuple[str | None, bool]:
     entry saying no claim was needed). Status first, then
     ``resourceclaim.Name``, as the kubelet's ``UpdateAllocatedResourcesStatus``.
     """
-    pod_ref = _find(_spec(pod).get("resourceClaims"), ref)
+    pod_ref = podjson.find_named(podjson.resource_claims(pod), ref)
     templated = bool(pod_ref and pod_ref.get("resourceClaimTemplateName"))
-    status_entry = _find(_status(pod).get("resourceClaimStatuses"), ref)
+    status_entry = podjson.find_named(podjson.resource_claim_statuses(pod), ref)
     if status_entry is not None:
         return status_entry.get("resourceClaimName"), templated
     if pod_ref is not None and pod_ref.get("resourceClaimName"):
@@ -189,31 +188,30 @@ def container_claims(pod: Obj, *, sidecars: bool = True) -> tuple[ContainerClaim
     Restartable init containers (sidecars) are included when ``sidecars`` is
     true; the kubelet skips them (kubernetes #139940).
     """
-    spec = _spec(pod)
-    found = list(_claims_of(spec.get("containers"), CONTAINERS))
+    spec = podjson.spec(pod)
+    found = list(_claims_of(podjson.items(spec, "containers"), CONTAINERS))
     if sidecars:
-        restartable = [c for c in spec.get("initContainers") or () if _restartable(c)]
+        restartable = [c for c in podjson.items(spec, "initContainers") if _restartable(c)]
         found.extend(_claims_of(restartable, INIT_CONTAINERS))
     return tuple(found)
 
 
 def pod_claims(pod: Obj) -> PodClaims:
     """Parse what the index needs from a pod dict (camelCase API JSON)."""
-    meta = pod.get("metadata") or {}
-    namespace = str(meta.get("namespace") or "default")
+    namespace = podjson.namespace(pod)
     refs: dict[str, ClaimKey] = {}
     templated: set[str] = set()
-    for entry in _spec(pod).get("resourceClaims") or ():
+    for entry in podjson.resource_claims(pod):
         name, is_template = resolve_claim_name(pod, str(entry.get("name", "")))
         if name:
             refs[str(entry["name"])] = ClaimKey(namespace, name)
             if is_template:
                 templated.add(str(entry["name"]))
     return PodClaims(
-        uid=str(meta.get("uid", "")),
+        uid=podjson.uid(pod),
         namespace=namespace,
-        name=str(meta.get("name", "")),
-        node=str(_spec(pod).get("nodeName") or ""),
+        name=podjson.name(pod),
+        node=podjson.node_name(pod),
         refs=refs,
         templated=frozenset(templated),
         containers=container_claims(pod),
@@ -222,21 +220,27 @@ def pod_claims(pod: Obj) -> PodClaims:
 
 def claim_from_api(obj: Obj) -> Claim:
     """A ``resource.k8s.io/v1`` ResourceClaim dict as the index holds it."""
-    meta = obj.get("metadata") or {}
-    key = ClaimKey(str(meta.get("namespace") or "default"), str(meta.get("name", "")))
-    allocation = (obj.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or ()
+    key = ClaimKey(podjson.namespace(obj), podjson.name(obj))
+    results = podjson.items(_allocated_devices(obj), "results")
     devices = tuple(_device_from_result(r) for r in results)
     owners = frozenset(
         str(o["uid"])
-        for o in meta.get("ownerReferences") or ()
+        for o in podjson.items(podjson.metadata(obj), "ownerReferences")
         if o.get("kind") == "Pod" and o.get("controller") and o.get("uid")
     )
-    return Claim(key=key, uid=str(meta.get("uid", "")), devices=devices, owners=owners)
+    return Claim(key=key, uid=podjson.uid(obj), devices=devices, owners=owners)
 
 
 def is_allocated(obj: Obj) -> bool:
-    return bool(((obj.get("status") or {}).get("allocation") or {}).get("devices"))
+    """Whether a ResourceClaim dict has an allocation with devices."""
+    return bool(_allocated_devices(obj))
+
+
+def _allocated_devices(claim: Obj) -> Obj:
+    """``status.allocation.devices`` of a ResourceClaim (empty when not allocated)."""
+    allocation = podjson.status(claim).get("allocation") or {}
+    devices: Obj = allocation.get("devices") or {}
+    return devices
 
 
 def _device_from_result(result: Obj) -> PreparedDevice:
@@ -261,18 +265,6 @@ def _claims_of(containers: Iterable[Obj] | None, field: str) -> Iterator[Contain
 
 def _restartable(container: Obj) -> bool:
     return container.get("restartPolicy") == "Always"
-
-
-def _spec(pod: Obj) -> Obj:
-    return pod.get("spec") or {}
-
-
-def _status(pod: Obj) -> Obj:
-    return pod.get("status") or {}
-
-
-def _find(items: Iterable[Obj] | None, name: str) -> Obj | None:
-    return next((i for i in items or () if i.get("name") == name), None)
 
 
 # -- the index -----------------------------------------------------------------

@@ -8,7 +8,8 @@ ever exists and fields the client's models do not know (a newer API's
 
 Client exceptions become :class:`CallError` (an ``errors.ApiError`` with the
 HTTP status, ``None`` for a lost connection, and ``Retry-After`` when the
-server sent one); a 404 on a pod becomes ``errors.PodGone``. The callers in
+server sent one); a 404 on a pod becomes ``errors.PodGone``. Which failures
+are worth retrying is said once, by :func:`is_transient`. The callers in
 ``kube.pods`` and ``kube.writer`` run these through ``asyncio.to_thread``.
 """
 
@@ -29,7 +30,6 @@ from kubelet_dra import errors
 
 logger = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 T = TypeVar("T")
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -50,6 +50,15 @@ class CallError(errors.ApiError):
     def transient(self) -> bool:
         """Worth retrying: connection loss, 429 or 5xx."""
         return self.status is None or self.status == 429 or self.status >= 500
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The retry rule of every API call: a :class:`CallError` that is transient.
+
+    ``errors.PodGone`` is never one (it is no ``CallError``): a gone pod is
+    given up, not retried.
+    """
+    return isinstance(exc, CallError) and exc.transient
 
 
 class Gone(CallError):
@@ -88,7 +97,7 @@ class Api:
 
     # -- pods ----------------------------------------------------------------
 
-    def list_node_pods(self, node: str) -> Obj:
+    def list_node_pods(self, node: str) -> dict[str, Any]:
         return self._call(
             f"list pods on node {node}",
             lambda: self._core.list_pod_for_all_namespaces(
@@ -99,7 +108,7 @@ class Api:
 
     def watch_node_pods(
         self, node: str, resource_version: str, *, timeout: int, on_open: Callable[[Any], None]
-    ) -> Iterator[Obj]:
+    ) -> Iterator[dict[str, Any]]:
         """Events of the node's pods after ``resource_version`` (bookmarks included)."""
         return self._watch(
             f"watch pods on node {node}",
@@ -112,7 +121,7 @@ class Api:
             on_open,
         )  # fmt: skip
 
-    def get_pod(self, namespace: str, name: str) -> Obj:
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call(
             f"get pod {namespace}/{name}",
             lambda: self._core.read_namespaced_pod_status(
@@ -121,7 +130,9 @@ class Api:
             pod=True,
         )
 
-    def json_patch_pod_status(self, namespace: str, name: str, ops: list[Obj]) -> Obj:
+    def json_patch_pod_status(
+        self, namespace: str, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         """A JSON patch (RFC 6902, with ``test`` operations) of ``pods/<name>/status``."""
         return self._call(
             f"patch status of pod {namespace}/{name}",
@@ -134,7 +145,7 @@ class Api:
 
     # -- claims --------------------------------------------------------------
 
-    def get_claim(self, namespace: str, name: str) -> Obj:
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         return self._call(
             f"get ResourceClaim {namespace}/{name}",
             lambda: self._resource.read_namespaced_resource_claim(
@@ -144,7 +155,7 @@ class Api:
 
     # -- events --------------------------------------------------------------
 
-    def create_event(self, namespace: str, body: Any) -> Obj:
+    def create_event(self, namespace: str, body: Any) -> dict[str, Any]:
         return self._call(
             f"create event in {namespace}",
             lambda: self._core.create_namespaced_event(
@@ -152,7 +163,7 @@ class Api:
             ),
         )
 
-    def patch_event(self, namespace: str, name: str, body: Obj) -> Obj:
+    def patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call(
             f"update event {namespace}/{name}",
             lambda: self._core.patch_namespaced_event(
@@ -163,11 +174,11 @@ class Api:
 
     # -- internals -----------------------------------------------------------
 
-    def _call(self, what: str, send: Callable[[], Any], *, pod: bool = False) -> Obj:
+    def _call(self, what: str, send: Callable[[], Any], *, pod: bool = False) -> dict[str, Any]:
         self.calls += 1
         try:
             response = send()
-            data: Obj = json.loads(response.data or b"{}")
+            data: dict[str, Any] = json.loads(response.data or b"{}")
             return data
         except ApiException as exc:
             raise _translate(what, exc, pod=pod) from exc
@@ -176,7 +187,7 @@ class Api:
 
     def _watch(
         self, what: str, open_: Callable[[], Any], on_open: Callable[[Any], None]
-    ) -> Iterator[Obj]:
+    ) -> Iterator[dict[str, Any]]:
         self.calls += 1
         try:
             response = open_()
@@ -204,7 +215,7 @@ def close_response(response: Any) -> None:
         logger.debug("closing a watch failed", exc_info=True)
 
 
-def _events(what: str, response: Any) -> Iterator[Obj]:
+def _events(what: str, response: Any) -> Iterator[dict[str, Any]]:
     buffer = b""
     for chunk in response.stream(amt=None, decode_content=True):
         buffer += chunk
@@ -216,8 +227,8 @@ def _events(what: str, response: Any) -> Iterator[Obj]:
         yield _event(what, buffer)
 
 
-def _event(what: str, line: bytes) -> Obj:
-    event: Obj = json.loads(line)
+def _event(what: str, line: bytes) -> dict[str, Any]:
+    event: dict[str, Any] = json.loads(line)
     if event.get("type") == "ERROR":
         obj = event.get("object") or {}
         code = obj.get("code")

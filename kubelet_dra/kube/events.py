@@ -22,7 +22,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kubelet_dra import clock as clock_mod
-from kubelet_dra import podstatus
+from kubelet_dra import podjson, podstatus
+from kubelet_dra.kube import api as kube_api
+from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +32,8 @@ COMPONENT = "kubelet-dra-health"
 DEVICE_UNHEALTHY = "DeviceUnhealthy"
 DEVICE_HEALTHY = "DeviceHealthy"
 DEVICE_HEALTH_UNKNOWN = "DeviceHealthUnknown"
-Obj = dict[str, Any]
-Create = Callable[[str, Obj], Awaitable[Obj]]
-Patch = Callable[[str, str, Obj], Awaitable[Obj]]
+Create = Callable[[str, dict[str, Any]], Awaitable[Obj]]
+Patch = Callable[[str, str, dict[str, Any]], Awaitable[Obj]]
 
 
 @dataclasses.dataclass(slots=True)
@@ -103,14 +104,14 @@ class EventRecorder:
             await self._send(series, now, create, patch)
 
     async def _send(self, series: _Series, now: float, create: Create, patch: Patch) -> None:
-        namespace = str(series.involved.get("namespace") or "default")
+        namespace = str(series.involved.get("namespace") or podjson.DEFAULT_NAMESPACE)
         try:
             if series.name:
                 await patch(namespace, series.name, self._update_body(series, now))
             else:
                 await self._create(series, namespace, now, create, patch)
         except Exception as exc:
-            transient = getattr(exc, "transient", False)
+            transient = kube_api.is_transient(exc)
             logger.log(
                 logging.DEBUG if transient else logging.WARNING,
                 "Event %s for %s not sent: %s", series.reason, _describe(series.involved), exc,
@@ -141,7 +142,7 @@ class EventRecorder:
             await patch(namespace, name, self._update_body(series, now))
         series.name = name
 
-    def _create_body(self, series: _Series, now: float) -> Obj:
+    def _create_body(self, series: _Series, now: float) -> dict[str, Any]:
         stamp = podstatus.rfc3339(now)
         digest = hashlib.sha256(
             f"{series.involved.get('uid')}/{series.reason}/{series.first}".encode()
@@ -149,7 +150,7 @@ class EventRecorder:
         return {
             "metadata": {
                 "name": f"{series.involved.get('name')}.{digest}",
-                "namespace": series.involved.get("namespace") or "default",
+                "namespace": series.involved.get("namespace") or podjson.DEFAULT_NAMESPACE,
             },
             "involvedObject": series.involved,
             "reason": series.reason,
@@ -163,7 +164,7 @@ class EventRecorder:
             "reportingInstance": self.node,
         }
 
-    def _update_body(self, series: _Series, now: float) -> Obj:
+    def _update_body(self, series: _Series, now: float) -> dict[str, Any]:
         return {
             "count": series.count,
             "message": series.message,
@@ -175,20 +176,26 @@ class EventRecorder:
             self._series.popitem(last=False)
 
 
-def pod_ref(pod: Obj) -> Obj:
-    meta = pod.get("metadata") or {}
+def pod_ref(pod: Obj) -> dict[str, Any]:
+    """The ``involvedObject`` of an Event about ``pod``."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "name": meta.get("name"),
-        "namespace": meta.get("namespace") or "default",
-        "uid": meta.get("uid"),
+        "name": podjson.metadata(pod).get("name"),
+        "namespace": podjson.namespace(pod),
+        "uid": podjson.metadata(pod).get("uid"),
     }
 
 
-def node_ref(node: str) -> Obj:
-    # Node events live in "default", as the kubelet's do.
-    return {"apiVersion": "v1", "kind": "Node", "name": node, "namespace": "default", "uid": node}
+def node_ref(node: str) -> dict[str, Any]:
+    """The ``involvedObject`` of an Event about the node (such events live in ``default``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node,
+        "namespace": podjson.DEFAULT_NAMESPACE,
+        "uid": node,
+    }
 
 
 def _describe(involved: Obj) -> str:

@@ -13,14 +13,13 @@ import logging
 import threading
 from typing import Any
 
-from kubelet_dra import claims, errors
+from kubelet_dra import claims, errors, podjson
 from kubelet_dra import clock as clock_mod
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import writer as kube_writer
+from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
 
 _DONE = object()
 
@@ -86,13 +85,13 @@ class NodePods:
             await self._limiter.acquire()
         listed = await asyncio.to_thread(self._api.list_node_pods, self.node)
         items = listed.get("items") or []
-        present = {str(p["metadata"]["uid"]) for p in items}
+        present = {podjson.uid(p) for p in items}
         for uid in set(self._pods) - present:
             self._remove(uid)
         for pod in items:
             self._upsert(pod)
         self.pods_synced = True
-        return str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        return podjson.resource_version(listed)
 
     async def _watch(self, rv: str) -> str:
         loop = asyncio.get_running_loop()
@@ -135,18 +134,21 @@ class NodePods:
             put(exc)
 
     def _apply(self, event: Obj) -> str:
-        obj = event.get("object") or {}
-        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        obj: Obj = event.get("object") or {}
+        rv = podjson.resource_version(obj)
         kind = event.get("type")
         if kind in ("ADDED", "MODIFIED"):
             self._upsert(obj)
         elif kind == "DELETED":
-            self._remove(str((obj.get("metadata") or {}).get("uid", "")))
+            self._remove(podjson.uid(obj))
         return rv
 
     def _upsert(self, pod: Obj) -> None:
-        uid = str(pod["metadata"]["uid"])
-        if (pod.get("spec") or {}).get("nodeName") != self.node:
+        uid = podjson.uid(pod)
+        if not uid:
+            logger.warning("Ignoring a pod without a UID from the API: %s", podjson.name(pod))
+            return
+        if podjson.node_name(pod) != self.node:
             self._remove(uid)  # not ours (a stale event): never indexed, never written
             return
         self._pods[uid] = pod

@@ -3,7 +3,7 @@
 Part of ``kube``. Counterpart of the kubelet's status manager and
 ``pkg/util/pod`` ``PatchPodStatus``, and no request when nothing changed.
 
-How a write is made (see :func:`json_patch`):
+How a write is made (planned by ``kube.patchplan``, per-pod state in ``kube.podstate``):
 
 - a JSON patch of ``pods/<name>/status`` that sets only
   ``allocatedResourcesStatus`` of each changed container status and our
@@ -12,12 +12,14 @@ How a write is made (see :func:`json_patch`):
   type at its index). The kubelet sends the whole atomic ``containerStatuses``
   list; we do not, so a kubelet changing other fields meanwhile is no
   conflict. A failed test (422) or a 409 means someone else wrote first:
-  re-read, re-plan, send again.
+  re-read, re-plan, send again. A re-read that finds another UID under the
+  name (the pod was deleted and created again) gives the old pod up.
 - Retries (tenacity, on the injected clock): 5xx, 429 (``Retry-After`` wins
   over the backoff) and lost connections. A pod is given up only when it is
   gone (404 or another UID); after the attempts run out it goes back into the
   dirty set with a per-pod exponential backoff (1 to 30 s), so its last state
-  is written eventually without a retry storm.
+  is written eventually without a retry storm. Jitter comes from an injected
+  ``random.Random``, like the health streams' backoff.
 
 Coalescing: ``mark_dirty`` puts pods in a set with the time each is due. The
 window is leading-edge per pod: a pod not written within the last ``window``
@@ -51,29 +53,28 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import json
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import tenacity
 
-from kubelet_dra import claims, errors, models, podstatus, settings
+from kubelet_dra import claims, errors, models, podjson, podstatus, settings
 from kubelet_dra import clock as clock_mod
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import events as kube_events
+from kubelet_dra.kube import patchplan, podstate
+from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
 TERMINAL = frozenset({"Succeeded", "Failed"})
 RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
 MAX_CONFLICTS = 5
-_FIELDS = (claims.CONTAINERS, claims.INIT_CONTAINERS)
+FAILED_RETRY_MAX = podstate.FAILED_RETRY_MAX
 _EVENT_REASON = {
     models.HealthStatus.UNHEALTHY: (kube_events.DEVICE_UNHEALTHY, "Warning"),
     models.HealthStatus.HEALTHY: (kube_events.DEVICE_HEALTHY, "Normal"),
@@ -92,6 +93,7 @@ class TokenBucket:
         self._lock = asyncio.Lock()
 
     async def acquire(self) -> None:
+        """Take one token, waiting (on the injected clock) until one is there."""
         async with self._lock:
             self._refill()
             while self._tokens < 1:
@@ -123,20 +125,6 @@ class WriterStats:
     pending: int = 0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _PostMortem:
-    lookup: claims.FrozenClaims
-    health: dict[models.DeviceKey, models.DeviceHealth]
-    at: float
-    expires: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Written:
-    rv: int
-    entries: tuple[Any, ...]
-
-
 class StatusWriter:
     """Writes pods' desired device status; fed by ``mark_dirty`` and pod updates."""
 
@@ -153,6 +141,7 @@ class StatusWriter:
         events: kube_events.EventRecorder | None = None,
         concurrency: int = 8,
         max_attempts: int = 5,
+        rng: random.Random | None = None,
     ) -> None:
         self.node = node_name
         self.stats = WriterStats()
@@ -167,16 +156,9 @@ class StatusWriter:
         )
         self._sem = asyncio.Semaphore(concurrency)
         self._max_attempts = max_attempts
-        self._pods: dict[str, Obj] = {}
-        self._dirty: dict[str, float] = {}  # uid -> not before
+        self._rng = rng or random.Random()
+        self._pods = podstate.PodStates()
         self._wake = asyncio.Event()
-        self._records: collections.OrderedDict[str, _PostMortem] = collections.OrderedDict()
-        self._written: dict[str, _Written] = {}
-        self._last_write: dict[str, float] = {}  # uid -> when its last write was sent
-        self._failures: dict[str, int] = {}  # uid -> failed writes in a row
-        self._owned: set[str] = set()
-        self._seen_health: dict[str, dict[models.DeviceKey, models.HealthStatus]] = {}
-        self._known_health: dict[str, set[models.DeviceKey]] = {}
         self._with_message = True
         self._sidecars = True
 
@@ -188,38 +170,45 @@ class StatusWriter:
         The window is leading-edge per pod: a pod not written within the last
         window is due at once (a single change costs no wait), later changes
         wait until a window after its last write and are coalesced meanwhile.
+        A pod the writer has not seen yet is marked when it arrives.
         """
         now = self._clock.now()
-        window = self._cfg.write_window
         for uid in pod_uids:
-            due = max(now, self._last_write.get(uid, now - window) + window)
-            self._dirty[uid] = min(self._dirty.get(uid, due), due)
-        self.stats.pending = len(self._dirty)
-        if self._dirty:
+            self._pods.mark_dirty(uid, now, self._cfg.write_window)
+        self._refresh_stats()
+        if self._pods.pending:
             self._wake.set()
 
     def pod_updated(self, pod: Obj) -> None:
         """A pod as the API shows it now (from the watch)."""
-        uid = _uid(pod)
-        old = self._pods.get(uid)
-        if old is not None and _rv(old) > _rv(pod):
+        state = self._pods.get(podjson.uid(pod))
+        if state is not None and _rv(state.pod) > _rv(pod):
             return  # our own write's answer is newer than this watch event
-        self._pods[uid] = pod
-        if _phase(pod) in TERMINAL and (old is None or _phase(old) not in TERMINAL):
-            self._record_termination(uid)
-        self.mark_dirty([uid])
+        terminated = podjson.phase(pod) in TERMINAL and (
+            state is None or podjson.phase(state.pod) not in TERMINAL
+        )
+        state = self._pods.put(pod)
+        if terminated:
+            self._record_termination(state)
+        self.mark_dirty([state.uid])
 
     def pod_deleted(self, uid: str) -> None:
-        self._pods.pop(uid, None)
-        self._dirty.pop(uid, None)
-        self._records.pop(uid, None)
-        self._written.pop(uid, None)
-        self._last_write.pop(uid, None)
-        self._failures.pop(uid, None)
-        self._seen_health.pop(uid, None)
-        self._known_health.pop(uid, None)
-        self._owned.discard(uid)
+        """The pod is gone: forget all that was kept for it."""
+        self._pods.drop(uid)
         self._refresh_stats()
+
+    def state(self, uid: str) -> podstate.PodState | None:
+        """What the writer keeps about a pod (read it, do not change it)."""
+        return self._pods.get(uid)
+
+    def has_record(self, uid: str) -> bool:
+        """Whether a terminated pod's post-mortem record is kept."""
+        state = self._pods.get(uid)
+        return state is not None and state.record is not None
+
+    @property
+    def events(self) -> kube_events.EventRecorder:
+        return self._events
 
     # -- the loop ------------------------------------------------------------
 
@@ -227,14 +216,14 @@ class StatusWriter:
         """Write dirty pods forever: each round writes the pods that are due."""
         while True:
             events_due = self._events.next_due()
-            if not self._dirty and events_due is None:
+            pods_due = self._pods.next_due()
+            if pods_due is None and events_due is None:
                 await self._wake.wait()
             self._wake.clear()
             # Folded event occurrences are sent once their interval passed,
             # even when no pod is dirty by then.
-            due = [*self._dirty.values(), *([events_due] if events_due is not None else [])]
-            soonest = min(due, default=self._clock.now())
-            delay = soonest - self._clock.now()
+            due = [d for d in (pods_due, events_due) if d is not None]
+            delay = min(due, default=self._clock.now()) - self._clock.now()
             if delay > 0:
                 # A pod marked meanwhile may be due earlier: wake for it too.
                 await self._sleep_or_wake(delay)
@@ -244,19 +233,12 @@ class StatusWriter:
     async def round(self) -> None:
         """One coalescing round: write every due pod once, flush events, expire records."""
         self.stats.rounds += 1
-        now = self._clock.now()
-        due = [uid for uid, not_before in self._dirty.items() if not_before <= now]
-        for uid in due:
-            del self._dirty[uid]
-        self.stats.pending = len(self._dirty)
+        due = self._pods.take_due(self._clock.now())
+        self._refresh_stats()
         await asyncio.gather(*(self._guarded_sync(uid) for uid in due))
         await self._events.flush(self._create_event, self._patch_event)
-        self._expire_records(self._clock.now())
+        self._pods.expire_records(self._clock.now())
         self._refresh_stats()
-
-    @property
-    def events(self) -> kube_events.EventRecorder:
-        return self._events
 
     # -- one pod -------------------------------------------------------------
 
@@ -269,45 +251,64 @@ class StatusWriter:
                 self._requeue(uid, 1.0)
 
     async def _sync(self, uid: str) -> None:
-        pod = self._pods.get(uid)
-        if pod is None or _node(pod) != self.node:
+        state = self._pods.get(uid)
+        if state is None or podjson.node_name(state.pod) != self.node:
             return  # unknown, deleted, or not ours: never written
-        desired = self._desired(uid, pod)
-        self._emit_transitions(pod, desired)
+        desired = self._desired(state)
+        self._emit_transitions(state, desired)
+        try:
+            await self._write(state, desired)
+        except errors.PodGone:
+            # 404 on the write, or the re-read found another pod under the name.
+            self.stats.results["gone"] += 1
+            self.pod_deleted(uid)
+
+    async def _write(self, state: podstate.PodState, desired: podstatus.Desired) -> None:
+        """Plan, send; after a conflict re-read and plan again, at most MAX_CONFLICTS times."""
+        pod = state.pod
         for _ in range(MAX_CONFLICTS):
-            body = self._plan(uid, pod, desired)
-            if body is None:
+            plan = self._plan(state, pod, desired)
+            if plan is None:
                 self.stats.results["unchanged"] += 1
                 return
-            ops = json_patch(pod, body)
             try:
-                answer = await self._send(pod, ops)
-            except errors.PodGone:
-                self.stats.results["gone"] += 1
-                self.pod_deleted(uid)
-                return
+                answer = await self._send(state, pod, list(plan.ops))
             except kube_api.CallError as exc:
-                if exc.status in (409, 422):
-                    fresh = await self._reread(pod)
-                    # A failed `test` (422) means the pod changed under us: a
-                    # conflict. If every test still holds, the 422 is the
-                    # server refusing the content: handled below.
-                    if exc.status == 409 or not assumptions_hold(fresh, ops):
-                        self.stats.results["conflict"] += 1
-                        pod = fresh
-                        if _node(pod) != self.node:
-                            return  # moved off this node meanwhile: not ours any more
-                        continue
-                if self._rejected_sidecars(exc, body):
-                    continue
-                self._failed(uid, pod, exc)
-                return
-            self._accepted(uid, body, answer, desired)
+                retry = await self._refused(state, pod, plan, exc)
+                if retry is None:
+                    return
+                pod = retry
+                if not self._sidecars and plan.fields & {claims.INIT_CONTAINERS}:
+                    desired = self._desired(state)  # plan again without them
+                continue
+            self._accepted(state, plan, answer, desired)
             return
-        self._requeue(uid, self._cfg.write_window)
+        self._requeue(state.uid, self._cfg.write_window)
 
-    def _desired(self, uid: str, pod: Obj) -> podstatus.Desired:
-        record = self._records.get(uid)
+    async def _refused(
+        self, state: podstate.PodState, pod: Obj, plan: patchplan.Plan, exc: kube_api.CallError
+    ) -> Obj | None:
+        """The pod to plan again with after a refusal, or ``None`` when done with it.
+
+        Raises ``errors.PodGone`` when the re-read finds the pod gone or replaced.
+        """
+        if exc.status in (409, 422):
+            fresh = await self._reread(state, pod)
+            # A failed `test` (422) means the pod changed under us: a
+            # conflict. If every test still holds, the 422 is the server
+            # refusing the content: handled below.
+            if exc.status == 409 or not patchplan.assumptions_hold(fresh, plan.ops):
+                self.stats.results["conflict"] += 1
+                if podjson.node_name(fresh) != self.node:
+                    return None  # moved off this node meanwhile: not ours any more
+                return fresh
+        if self._rejected_sidecars(exc, plan):
+            return pod
+        self._failed(state, exc)
+        return None
+
+    def _desired(self, state: podstate.PodState) -> podstatus.Desired:
+        record = state.record
         if record is not None:
             health: HealthLookup = lambda k, _now: record.health.get(k, models.UNKNOWN_DEVICE)  # noqa: E731
             lookup: claims.DeviceLookup = record.lookup
@@ -315,42 +316,34 @@ class StatusWriter:
         else:
             health, lookup, at = self._health, self._index, self._clock.now()
         return podstatus.desired_status(
-            pod, index=lookup, health_of=lambda key: health(key, at), now=at,
+            state.pod, index=lookup, health_of=lambda key: health(key, at), now=at,
             condition_type=self._cfg.pod_condition_type, with_message=self._with_message,
             sidecars=self._sidecars,
         )  # fmt: skip
 
-    def _plan(self, uid: str, pod: Obj, desired: podstatus.Desired) -> Obj | None:
-        """The status fields that change, as ``{"status": {...}}`` (see :func:`json_patch`)."""
-        status = pod.get("status") or {}
-        with_containers = self._container_status_on(uid, pod, desired)
-        new, changed = podstatus.merge(
-            status, desired, now=self._clock.now(), container_status=with_containers,
+    def _plan(
+        self, state: podstate.PodState, pod: Obj, desired: podstatus.Desired
+    ) -> patchplan.Plan | None:
+        return patchplan.plan(
+            pod, desired, now=self._clock.now(),
+            container_status=self._container_status_on(state, pod, desired),
             condition=bool(self._cfg.pod_condition_type),
         )  # fmt: skip
-        if not changed:
-            return None
-        patch: Obj = {}
-        for field in _FIELDS:
-            if new.get(field) != status.get(field):
-                patch[field] = new.get(field) or []
-        ours = podstatus.find_condition(new, self._cfg.pod_condition_type)
-        if ours is not None and ours != podstatus.find_condition(status, ours["type"]):
-            patch["conditions"] = [ours]
-        return {"status": patch} if patch else None
 
-    async def _send(self, pod: Obj, ops: list[Obj]) -> Obj:
-        meta = pod.get("metadata") or {}
-        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+    async def _send(
+        self, state: podstate.PodState, pod: Obj, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         started = time.perf_counter()
-        self._last_write[_uid(pod)] = self._clock.now()
-        answer = await self._call(self._api.json_patch_pod_status, namespace, name, ops)
+        state.last_write = self._clock.now()
+        answer = await self._call(
+            self._api.json_patch_pod_status, podjson.namespace(pod), podjson.name(pod), ops
+        )
         self.stats.latencies.append(time.perf_counter() - started)
         return answer
 
-    async def _call(self, fn: Callable[..., Obj], *args: Any) -> Obj:
+    async def _call(self, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception(_transient),
+            retry=tenacity.retry_if_exception(kube_api.is_transient),
             wait=self._wait,
             stop=tenacity.stop_after_attempt(self._max_attempts),
             sleep=self._clock.sleep,
@@ -369,57 +362,57 @@ class StatusWriter:
         retry_after = getattr(exc, "retry_after", None)
         if retry_after is not None:
             return float(retry_after)
-        return float(min(5.0, 0.1 * 2 ** (state.attempt_number - 1)) * random.uniform(0.5, 1.0))
+        return float(min(5.0, 0.1 * 2 ** (state.attempt_number - 1)) * self._rng.uniform(0.5, 1.0))
 
     def _count_retry(self, state: tenacity.RetryCallState) -> None:
         self.stats.results["retried"] += 1
 
-    async def _reread(self, pod: Obj) -> Obj:
-        meta = pod.get("metadata") or {}
-        fresh = await self._call(
-            self._api.get_pod, str(meta.get("namespace") or "default"), str(meta.get("name"))
-        )
-        if _uid(fresh) != _uid(pod):
-            raise errors.PodGone(f"pod {meta.get('name')} was replaced", status=409)
-        self._pods[_uid(pod)] = fresh
+    async def _reread(self, state: podstate.PodState, pod: Obj) -> Obj:
+        fresh = await self._call(self._api.get_pod, podjson.namespace(pod), podjson.name(pod))
+        if podjson.uid(fresh) != state.uid:
+            raise errors.PodGone(f"pod {podjson.name(pod)} was replaced", status=409)
+        state.pod = fresh
         return fresh
 
-    def _accepted(self, uid: str, body: Obj, answer: Obj, desired: podstatus.Desired) -> None:
+    def _accepted(
+        self,
+        state: podstate.PodState,
+        plan: patchplan.Plan,
+        answer: Obj,
+        desired: podstatus.Desired,
+    ) -> None:
         self.stats.results["ok"] += 1
-        self._failures.pop(uid, None)
-        if _uid(answer) == uid:
-            self._pods[uid] = answer
-        self._check_gates(body, answer)
-        sent = body["status"]
-        if any(field in sent for field in _FIELDS):
-            self._written[uid] = _Written(_rv(answer), _managed_entries(answer, desired))
+        state.failures = 0
+        if podjson.uid(answer) == state.uid:
+            state.pod = answer
+        self._check_gates(plan, answer)
+        if plan.containers:
+            state.written = podstate.Written(_rv(answer), _managed_entries(answer, desired))
 
-    def _failed(self, uid: str, pod: Obj, exc: kube_api.CallError) -> None:
+    def _failed(self, state: podstate.PodState, exc: kube_api.CallError) -> None:
         self.stats.results["failed"] += 1
-        streak = self._failures[uid] = self._failures.get(uid, 0) + 1
-        meta = pod.get("metadata") or {}
+        state.failures += 1
         # One warning per streak of failures, not one per retry of a long outage.
         logger.log(
-            logging.WARNING if streak == 1 else logging.DEBUG,
+            logging.WARNING if state.failures == 1 else logging.DEBUG,
             "Device status of pod %s/%s not written (attempt %d): %s",
-            meta.get("namespace"), meta.get("name"), streak, exc,
+            podjson.namespace(state.pod), podjson.name(state.pod), state.failures, exc,
         )  # fmt: skip
-        if exc.status is None or exc.status == 429 or exc.status >= 500:
+        if kube_api.is_transient(exc):
             # Still transient: never drop the last state, but back off per pod
-            # (1, 2, 4 ... 30 s, with jitter) so an outage is no retry storm.
-            delay = min(FAILED_RETRY_MAX, 2.0 ** (streak - 1)) * random.uniform(0.8, 1.2)
-            self._requeue(uid, delay)
+            # so an outage is no retry storm.
+            self._requeue(state.uid, podstate.failure_backoff(state.failures, self._rng))
 
     def _requeue(self, uid: str, delay: float) -> None:
-        if uid in self._pods:
-            self._dirty[uid] = self._clock.now() + delay
-            self.stats.pending = len(self._dirty)
+        self._pods.requeue(uid, self._clock.now() + delay)
+        self._refresh_stats()
+        if self._pods.pending:
             self._wake.set()
 
-    def _rejected_sidecars(self, exc: kube_api.CallError, body: Obj) -> bool:
+    def _rejected_sidecars(self, exc: kube_api.CallError, plan: patchplan.Plan) -> bool:
         # Validation of initContainerStatuses' health entries is not verified
         # upstream: if the server refuses them, stop sending them.
-        if exc.status != 422 or claims.INIT_CONTAINERS not in body["status"] or not self._sidecars:
+        if exc.status != 422 or claims.INIT_CONTAINERS not in plan.fields or not self._sidecars:
             return False
         logger.warning("API server refuses device health on init containers; skipping them")
         self._sidecars = False
@@ -427,43 +420,30 @@ class StatusWriter:
 
     # -- modes and gates -----------------------------------------------------
 
-    def _container_status_on(self, uid: str, pod: Obj, desired: podstatus.Desired) -> bool:
+    def _container_status_on(
+        self, state: podstate.PodState, pod: Obj, desired: podstatus.Desired
+    ) -> bool:
         if self.mode is settings.ContainerStatusMode.OFF or self.stats.gate_off:
             return False
         if self.mode is settings.ContainerStatusMode.ON:
             return True
-        if uid not in self._owned and self._kubelet_writes(uid, pod, desired):
-            self._owned.add(uid)
+        if not state.kubelet_owned and _kubelet_writes(state, pod, desired):
+            self._pods.mark_kubelet_owned(state)
             logger.info(
                 "The kubelet writes device health for pod %s; leaving that field to it",
-                (pod.get("metadata") or {}).get("name"),
+                podjson.name(pod),
             )
-        return uid not in self._owned
+        return not state.kubelet_owned
 
-    def _kubelet_writes(self, uid: str, pod: Obj, desired: podstatus.Desired) -> bool:
-        status = pod.get("status") or {}
-        last = self._written.get(uid)
-        if last is not None:
-            current = _managed_entries(pod, desired)
-            return _rv(pod) > last.rv and current != last.entries
-        for (field, container), managed in desired.containers.items():
-            for entry in podstatus.container_entries(status, field, container):
-                want = managed.get(entry.get("name", ""))
-                if entry.get("name") in managed and _ids(entry) != _ids(want):
-                    return True
-        return False
-
-    def _check_gates(self, body: Obj, answer: Obj) -> None:
-        sent, got = body["status"], answer.get("status") or {}
-        for field in _FIELDS:
-            for cs in sent.get(field) or ():
-                entries = cs.get("allocatedResourcesStatus")
-                echoed = podstatus.container_entries(got, field, cs.get("name", ""))
-                if entries and not echoed:
-                    self._gate_off()
-                    return
-                if _has_message(entries) and not _has_message(echoed):
-                    self._message_gate_off()
+    def _check_gates(self, plan: patchplan.Plan, answer: Obj) -> None:
+        got = podjson.status(answer)
+        for write in plan.containers:
+            echoed = podstatus.container_entries(got, write.field, write.name)
+            if write.entries and not echoed:
+                self._gate_off()
+                return
+            if _has_message(write.entries) and not _has_message(echoed):
+                self._message_gate_off()
 
     def _gate_off(self) -> None:
         if self.stats.gate_off:
@@ -491,49 +471,39 @@ class StatusWriter:
 
     # -- terminated pods -----------------------------------------------------
 
-    def _record_termination(self, uid: str) -> None:
+    def _record_termination(self, state: podstate.PodState) -> None:
         now = self._clock.now()
-        lookup = self._index.snapshot(uid)
+        lookup = self._index.snapshot(state.uid)
         health = {k: self._health(k, now) for k in lookup.device_keys()}
-        self._records[uid] = _PostMortem(lookup, health, now, now + self._cfg.terminated_pod_ttl)
-        while len(self._records) > self._cfg.terminated_pod_max:
-            self._records.popitem(last=False)
+        record = podstate.PostMortem(lookup, health, now, now + self._cfg.terminated_pod_ttl)
+        self._pods.set_record(state, record, limit=self._cfg.terminated_pod_max)
         self._refresh_stats()
-
-    def _expire_records(self, now: float) -> None:
-        for uid in [u for u, r in self._records.items() if r.expires <= now]:
-            del self._records[uid]
-
-    def has_record(self, uid: str) -> bool:
-        return uid in self._records
 
     # -- events --------------------------------------------------------------
 
-    def _emit_transitions(self, pod: Obj, desired: podstatus.Desired) -> None:
-        uid = _uid(pod)
-        seen = self._seen_health.setdefault(uid, {})
-        known = self._known_health.setdefault(uid, set())
-        for state in desired.devices:
-            before = seen.get(state.key)
-            seen[state.key] = state.health
+    def _emit_transitions(self, state: podstate.PodState, desired: podstatus.Desired) -> None:
+        seen, known = state.seen_health, state.known_health
+        for device in desired.devices:
+            before = seen.get(device.key)
+            seen[device.key] = device.health
             # Until a device was once Healthy or Unhealthy (a fresh pod, a
             # sidecar restart), Unknown and then Healthy are not news.
             first_and_boring = (
-                state.key not in known and state.health is not models.HealthStatus.UNHEALTHY
+                device.key not in known and device.health is not models.HealthStatus.UNHEALTHY
             )
-            if state.health is not models.HealthStatus.UNKNOWN:
-                known.add(state.key)
-            if before == state.health or first_and_boring:
+            if device.health is not models.HealthStatus.UNKNOWN:
+                known.add(device.key)
+            if before == device.health or first_and_boring:
                 continue
-            reason, kind = _EVENT_REASON[state.health]
-            message = f"Device {state.key} (claim {state.claim_ref}) is {state.health}"
-            message += f": {state.message}" if state.message else ""
-            self._events.record(kube_events.pod_ref(pod), reason, message, kind=kind)
+            reason, kind = _EVENT_REASON[device.health]
+            message = f"Device {device.key} (claim {device.claim_ref}) is {device.health}"
+            message += f": {device.message}" if device.message else ""
+            self._events.record(kube_events.pod_ref(state.pod), reason, message, kind=kind)
 
-    async def _create_event(self, namespace: str, body: Obj) -> Obj:
+    async def _create_event(self, namespace: str, body: dict[str, Any]) -> Obj:
         return await self._call(self._api.create_event, namespace, body)
 
-    async def _patch_event(self, namespace: str, name: str, body: Obj) -> Obj:
+    async def _patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> Obj:
         return await self._call(self._api.patch_event, namespace, name, body)
 
     # -- internals -----------------------------------------------------------
@@ -548,127 +518,31 @@ class StatusWriter:
             woken.cancel()
 
     def _refresh_stats(self) -> None:
-        self.stats.pending = len(self._dirty)
-        self.stats.kubelet_owned_pods = len(self._owned)
-        self.stats.postmortem_records = len(self._records)
+        self.stats.pending = self._pods.pending
+        self.stats.kubelet_owned_pods = self._pods.kubelet_owned
+        self.stats.postmortem_records = self._pods.records
 
 
-_ARS = "allocatedResourcesStatus"
-FAILED_RETRY_MAX = 30.0
-"""Longest wait before retrying a pod whose write failed transiently, seconds."""
-
-
-def json_patch(pod: Obj, plan: Obj) -> list[Obj]:
-    """The write of ``plan`` (the changed status fields) as a JSON patch that
-    tests what it assumes.
-
-    Only our field of each changed container status is sent, with a ``test``
-    of the container's name at that index and of the entries it replaces (so
-    a concurrent writer's device-plugin entries are never clobbered); our
-    condition replaces the one of its type at a tested index. Only adding a
-    first condition or a whole list (never expected) is guarded by the
-    resourceVersion. Compared with sending the whole atomic
-    ``containerStatuses`` list under a resourceVersion precondition, a
-    kubelet updating other fields meanwhile causes no conflict, and the
-    request is a fraction of the size.
-    """
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    ops: list[Obj] = [{"op": "test", "path": "/metadata/uid", "value": meta.get("uid")}]
-    sent = plan["status"]
-    for field in _FIELDS:
-        if field in sent:
-            ops += _container_ops(field, status.get(field) or [], sent[field], meta)
-    for condition in sent.get("conditions") or ():
-        ops += _condition_ops(status.get("conditions"), condition, meta)
-    return ops
-
-
-def _rv_test(meta: Obj) -> Obj:
-    return {"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")}
-
-
-def _container_ops(field: str, old: list[Obj], new: list[Obj], meta: Obj) -> list[Obj]:
-    if [c.get("name") for c in old] != [c.get("name") for c in new]:
-        # merge() never adds or drops container statuses; be safe anyway.
-        return [_rv_test(meta), {"op": "add", "path": f"/status/{field}", "value": new}]
-    ops: list[Obj] = []
-    for i, (before, after) in enumerate(zip(old, new, strict=True)):
-        if before.get(_ARS) == after.get(_ARS):
-            continue
-        path = f"/status/{field}/{i}"
-        ops.append({"op": "test", "path": f"{path}/name", "value": after.get("name")})
-        if _ARS in before:
-            ops.append(_guard(f"{path}/{_ARS}", before[_ARS], meta))
-        if _ARS in after:
-            ops.append({"op": "add", "path": f"{path}/{_ARS}", "value": after[_ARS]})
-        else:
-            ops.append({"op": "remove", "path": f"{path}/{_ARS}"})
-    return ops
-
-
-def _guard(path: str, value: Any, meta: Obj) -> Obj:
-    """A ``test`` that ``path`` still holds ``value``, or the resourceVersion's.
-
-    The apiserver's JSON patch library compares scalars by their raw JSON
-    text, and the client escapes differently from Go (non-ASCII, ``<>&``,
-    control characters): such a value would never test equal, found with a
-    real kube-apiserver. Those fall back to the resourceVersion.
-    """
-    text = json.dumps(value)
-    if text.isascii() and not _GO_ESCAPED.search(text):
-        return {"op": "test", "path": path, "value": value}
-    return _rv_test(meta)
-
-
-_GO_ESCAPED = re.compile(r"[<>&]|\\u00|\\[bf]")
-
-
-def _condition_ops(old: list[Obj] | None, ours: Obj, meta: Obj) -> list[Obj]:
-    for j, condition in enumerate(old or ()):
-        if condition.get("type") == ours["type"]:
-            path = f"/status/conditions/{j}"
-            return [
-                {"op": "test", "path": f"{path}/type", "value": ours["type"]},
-                {"op": "replace", "path": path, "value": ours},
-            ]
-    if old is None:
-        return [_rv_test(meta), {"op": "add", "path": "/status/conditions", "value": [ours]}]
-    return [_rv_test(meta), {"op": "add", "path": "/status/conditions/-", "value": ours}]
-
-
-def assumptions_hold(pod: Obj, ops: list[Obj]) -> bool:
-    """Whether every ``test`` of ``ops`` holds on ``pod``."""
-    return all(_resolve(pod, op["path"]) == op["value"] for op in ops if op["op"] == "test")
-
-
-_MISSING = object()
-
-
-def _resolve(doc: Any, pointer: str) -> Any:
-    for raw in pointer.split("/")[1:]:
-        token = raw.replace("~1", "/").replace("~0", "~")
-        try:
-            doc = doc[int(token)] if isinstance(doc, list) else doc[token]
-        except (KeyError, IndexError, ValueError, TypeError):
-            return _MISSING
-    return doc
-
-
-def _transient(exc: BaseException) -> bool:
-    return (
-        isinstance(exc, kube_api.CallError)
-        and not isinstance(exc, errors.PodGone)
-        and (exc.transient)
-    )
+def _kubelet_writes(state: podstate.PodState, pod: Obj, desired: podstatus.Desired) -> bool:
+    """Whether the kubelet writes this pod's device entries (``--container-status auto``)."""
+    last = state.written
+    if last is not None:
+        return _rv(pod) > last.rv and _managed_entries(pod, desired) != last.entries
+    status = podjson.status(pod)
+    for (field, container), managed in desired.containers.items():
+        for entry in podstatus.container_entries(status, field, container):
+            want = managed.get(entry.get("name", ""))
+            if entry.get("name") in managed and _ids(entry) != _ids(want):
+                return True
+    return False
 
 
 def _managed_entries(pod: Obj, desired: podstatus.Desired) -> tuple[Any, ...]:
     """Normalized entries of the containers we manage, to compare across writes."""
-    status = pod.get("status") or {}
-    keys = sorted(desired.containers)
+    status = podjson.status(pod)
     return tuple(
-        (key, podstatus.normalized(podstatus.container_entries(status, *key))) for key in keys
+        (key, podstatus.normalized(podstatus.container_entries(status, *key)))
+        for key in sorted(desired.containers)
     )
 
 
@@ -680,20 +554,4 @@ def _has_message(entries: Iterable[Obj] | None) -> bool:
     return any(r.get("message") for e in entries or () for r in e.get("resources") or ())
 
 
-def _uid(pod: Obj) -> str:
-    return str((pod.get("metadata") or {}).get("uid", ""))
-
-
-def _node(pod: Obj) -> str:
-    return str((pod.get("spec") or {}).get("nodeName") or "")
-
-
-def _phase(pod: Obj) -> str:
-    return str((pod.get("status") or {}).get("phase") or "")
-
-
-def _rv(pod: Obj) -> int:
-    try:
-        return int((pod.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
+_rv = podjson.resource_version_number

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import random
 
 import pytest
 
+from kubelet_dra import claims, clock, healthinfo, kube, models
 from kubelet_dra.testing import fakeapi
 from tests.integration import test_kube_harness as h
 
@@ -87,9 +89,6 @@ async def test_outage_longer_than_the_retries_still_ends_with_the_last_state() -
         )
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 12: a PodGone from the re-read escapes to the catch-all"
-)
 async def test_pod_replaced_under_the_same_name_mid_write_is_dropped_not_retried(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -121,3 +120,54 @@ async def test_pod_replaced_under_the_same_name_mid_write_is_dropped_not_retried
             )  # the new pod was not written with the old one's health
         finally:
             t.client.close()
+
+
+async def test_transient_failures_of_one_pod_back_off_exponentially_with_a_cap() -> None:
+    # An API outage must cost each pod fewer and fewer attempts, not one a second.
+    fake = clock.FakeClock()
+    with fakeapi.FakeApiServer() as server:
+        server.create_claim(fakeapi.make_claim("p1-gpu", results=[(h.DRV, "pool", "gpu-0", "gpu")]))
+        pod = server.create_pod(
+            fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")])
+        )
+        index = claims.ClaimIndex()
+        index.set_pod(pod)
+        index.set_claim(server.get_claim("default", "p1-gpu"))
+        cache = healthinfo.HealthCache(default_lease=3600)
+        client = server.api_client()
+        writer = kube.StatusWriter(
+            api=kube.Api(client), node_name=h.NODE, index=index, health=cache.get,
+            config=h.make_settings(), clock=fake, max_attempts=1, rng=random.Random(4),
+        )  # fmt: skip
+
+        def report(health: models.HealthStatus) -> None:
+            device = models.DeviceReport("pool", "gpu-0", health, "")
+            writer.mark_dirty(index.pods_for_devices(cache.update(h.DRV, [device], now=fake.now())))
+
+        def backoff() -> float:
+            state = writer.state(pod["metadata"]["uid"])
+            assert state is not None and state.due is not None
+            return state.due - fake.now()
+
+        try:
+            report(H.UNHEALTHY)
+            writer.pod_updated(pod)
+            outage = server.fail("PATCH", STATUS, code=503, times=None)
+            for n in range(8):
+                await writer.round()
+                assert 0.8 * min(30.0, 2.0**n) <= backoff() <= 1.2 * min(30.0, 2.0**n)
+                fake.advance(backoff())
+            server.clear_fault(outage)
+            await writer.round()
+            assert writer.stats.results["ok"] == 1 and writer.stats.pending == 0
+            resources = server.get_pod("default", "p1")["status"]["containerStatuses"][0][
+                "allocatedResourcesStatus"
+            ][0]["resources"]
+            assert [r["health"] for r in resources] == ["Unhealthy"]
+            server.fail("PATCH", STATUS, code=503, times=None)
+            fake.advance(1.0)
+            report(H.HEALTHY)
+            await writer.round()
+            assert backoff() <= 1.2  # a success resets the streak
+        finally:
+            client.close()

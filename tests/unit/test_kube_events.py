@@ -6,6 +6,7 @@ from typing import Any
 
 from kubelet_dra import errors
 from kubelet_dra.clock import FakeClock
+from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import events as _kube_events
 
 POD = {"kind": "Pod", "name": "p", "namespace": "default", "uid": "u1"}
@@ -55,16 +56,12 @@ async def test_other_create_errors_give_the_occurrence_up() -> None:
 async def test_transient_failure_waits_an_interval_before_retrying() -> None:
     clock = FakeClock()
     recorder = _kube_events.EventRecorder(node="n", clock=clock, interval=60)
-
-    class Down(errors.ApiError):
-        transient = True
-
     attempts = 0
 
     async def create(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         nonlocal attempts
         attempts += 1
-        raise Down("connection refused")
+        raise kube_api.CallError("connection refused", status=None)  # what the API raises
 
     api = Api(create_status=None)
     recorder.record(POD, _kube_events.DEVICE_UNHEALTHY, "gpu-0 Unhealthy")
