@@ -1,9 +1,11 @@
 """The Kubernetes side: the node's pods and their claims in, pod status and Events out.
 
-The only package that talks to the API: ``api`` (the calls, on plain JSON),
-``pods`` (:class:`NodePods`), ``writer`` (:class:`StatusWriter`), ``patchplan``
-(the pure JSON patch planning), ``podstate`` (per-pod writer state) and
-``events`` (the event recorder); nothing else imports ``kubernetes``.
+The only package that talks to the API; nothing else imports ``kubernetes``.
+Its modules: ``api`` (the calls, on plain JSON), ``pods`` (:class:`NodePods`),
+``writer`` (:class:`StatusWriter`) with its parts ``patchplan`` (the JSON
+patch, planned purely), ``podstate`` (per-pod state, one object per pod),
+``calls`` (rate limit and retries), ``gates`` (what the server keeps of our
+writes) and ``events`` (the event recorder).
 Kubelet counterparts: the pod manager's view of the node's pods, the status
 manager with ``pkg/util/pod`` ``PatchPodStatus``, and the event recorder.
 
@@ -33,9 +35,10 @@ deadline task, like every other health change. Wiring, as the manager does it::
 from __future__ import annotations
 
 from kubelet_dra.kube.api import Api, CallError, load_client
+from kubelet_dra.kube.calls import TokenBucket
 from kubelet_dra.kube.events import EventRecorder
 from kubelet_dra.kube.pods import NodePods
-from kubelet_dra.kube.writer import StatusWriter, TokenBucket, WriterStats
+from kubelet_dra.kube.writer import StatusWriter, WriterStats
 
 __all__ = [
     "Api",

@@ -10,6 +10,7 @@ the failure was transient.
 
 The recorder holds no client: :meth:`EventRecorder.flush` takes the send
 functions, so it is driven by the status writer's loop and its token bucket.
+Which device health changes are worth an Event is :func:`health_transitions`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import collections
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from kubelet_dra import clock as clock_mod
-from kubelet_dra import podjson, podstatus
+from kubelet_dra import models, podjson, podstatus
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.podjson import Obj
 
@@ -32,6 +33,11 @@ COMPONENT = "kubelet-dra-health"
 DEVICE_UNHEALTHY = "DeviceUnhealthy"
 DEVICE_HEALTHY = "DeviceHealthy"
 DEVICE_HEALTH_UNKNOWN = "DeviceHealthUnknown"
+_REASON = {
+    models.HealthStatus.UNHEALTHY: (DEVICE_UNHEALTHY, "Warning"),
+    models.HealthStatus.HEALTHY: (DEVICE_HEALTHY, "Normal"),
+    models.HealthStatus.UNKNOWN: (DEVICE_HEALTH_UNKNOWN, "Warning"),
+}
 Create = Callable[[str, dict[str, Any]], Awaitable[Obj]]
 Patch = Callable[[str, str, dict[str, Any]], Awaitable[Obj]]
 
@@ -174,6 +180,33 @@ class EventRecorder:
     def _evict(self) -> None:
         while len(self._series) > self._max:
             self._series.popitem(last=False)
+
+
+def health_transitions(
+    devices: Iterable[podstatus.DeviceState],
+    seen: dict[models.DeviceKey, models.HealthStatus],
+    known: set[models.DeviceKey],
+) -> Iterator[tuple[str, str, str]]:
+    """The Events one pod's devices are worth now, as (reason, type, message).
+
+    ``seen`` (health at the last look) and ``known`` (devices once Healthy or
+    Unhealthy) are the pod's memory and are updated. Until a device was once
+    Healthy or Unhealthy (a fresh pod, a sidecar restart), Unknown and then
+    Healthy are not news; Unhealthy always is.
+    """
+    for device in devices:
+        before = seen.get(device.key)
+        seen[device.key] = device.health
+        first_and_boring = (
+            device.key not in known and device.health is not models.HealthStatus.UNHEALTHY
+        )
+        if device.health is not models.HealthStatus.UNKNOWN:
+            known.add(device.key)
+        if before == device.health or first_and_boring:
+            continue
+        reason, kind = _REASON[device.health]
+        message = f"Device {device.key} (claim {device.claim_ref}) is {device.health}"
+        yield reason, kind, message + (f": {device.message}" if device.message else "")
 
 
 def pod_ref(pod: Obj) -> dict[str, Any]:

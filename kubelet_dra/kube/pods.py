@@ -16,6 +16,7 @@ from typing import Any
 from kubelet_dra import claims, errors, podjson
 from kubelet_dra import clock as clock_mod
 from kubelet_dra.kube import api as kube_api
+from kubelet_dra.kube import calls
 from kubelet_dra.kube import writer as kube_writer
 from kubelet_dra.podjson import Obj
 
@@ -35,7 +36,7 @@ class NodePods:
         index: claims.ClaimIndex,
         writer: kube_writer.StatusWriter,
         clock: clock_mod.Clock,
-        limiter: kube_writer.TokenBucket | None = None,
+        limiter: calls.TokenBucket | None = None,
         watch_timeout: int = 300,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,

@@ -53,19 +53,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import logging
 import random
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import tenacity
-
 from kubelet_dra import claims, errors, models, podjson, podstatus, settings
 from kubelet_dra import clock as clock_mod
 from kubelet_dra.kube import api as kube_api
+from kubelet_dra.kube import calls, gates, patchplan, podstate
 from kubelet_dra.kube import events as kube_events
-from kubelet_dra.kube import patchplan, podstate
 from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
@@ -75,36 +74,7 @@ TERMINAL = frozenset({"Succeeded", "Failed"})
 RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
 MAX_CONFLICTS = 5
 FAILED_RETRY_MAX = podstate.FAILED_RETRY_MAX
-_EVENT_REASON = {
-    models.HealthStatus.UNHEALTHY: (kube_events.DEVICE_UNHEALTHY, "Warning"),
-    models.HealthStatus.HEALTHY: (kube_events.DEVICE_HEALTHY, "Normal"),
-    models.HealthStatus.UNKNOWN: (kube_events.DEVICE_HEALTH_UNKNOWN, "Warning"),
-}
-
-
-class TokenBucket:
-    """QPS/burst limiter on the injected clock (client-go's token bucket)."""
-
-    def __init__(self, *, qps: float, burst: int, clock: clock_mod.Clock) -> None:
-        self.qps, self.burst = qps, burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._stamp = clock.now()
-        self._lock = asyncio.Lock()
-
-    async def acquire(self) -> None:
-        """Take one token, waiting (on the injected clock) until one is there."""
-        async with self._lock:
-            self._refill()
-            while self._tokens < 1:
-                await self._clock.sleep((1 - self._tokens) / self.qps)
-                self._refill()
-            self._tokens -= 1
-
-    def _refill(self) -> None:
-        now = self._clock.now()
-        self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.qps)
-        self._stamp = now
+TokenBucket = calls.TokenBucket
 
 
 @dataclasses.dataclass
@@ -148,19 +118,18 @@ class StatusWriter:
         self.mode = config.container_status
         self._api, self._index, self._health, self._clock = api, index, health, clock
         self._cfg = config
-        self._limiter = limiter or TokenBucket(
-            qps=config.api_qps, burst=config.api_burst, clock=clock
-        )
         self._events = events or kube_events.EventRecorder(
             node=node_name, clock=clock, interval=config.event_interval
         )
-        self._sem = asyncio.Semaphore(concurrency)
-        self._max_attempts = max_attempts
         self._rng = rng or random.Random()
+        self._calls = calls.RetryingCaller(
+            limiter=limiter or TokenBucket(qps=config.api_qps, burst=config.api_burst, clock=clock),
+            clock=clock, counts=self.stats, max_attempts=max_attempts, rng=self._rng,
+        )  # fmt: skip
+        self._gates = gates.ServerGates(node=node_name, events=self._events)
+        self._sem = asyncio.Semaphore(concurrency)
         self._pods = podstate.PodStates()
         self._wake = asyncio.Event()
-        self._with_message = True
-        self._sidecars = True
 
     # -- inputs --------------------------------------------------------------
 
@@ -236,7 +205,10 @@ class StatusWriter:
         due = self._pods.take_due(self._clock.now())
         self._refresh_stats()
         await asyncio.gather(*(self._guarded_sync(uid) for uid in due))
-        await self._events.flush(self._create_event, self._patch_event)
+        await self._events.flush(
+            functools.partial(self._calls.call, self._api.create_event),
+            functools.partial(self._calls.call, self._api.patch_event),
+        )
         self._pods.expire_records(self._clock.now())
         self._refresh_stats()
 
@@ -255,7 +227,10 @@ class StatusWriter:
         if state is None or podjson.node_name(state.pod) != self.node:
             return  # unknown, deleted, or not ours: never written
         desired = self._desired(state)
-        self._emit_transitions(state, desired)
+        for reason, kind, message in kube_events.health_transitions(
+            desired.devices, state.seen_health, state.known_health
+        ):
+            self._events.record(kube_events.pod_ref(state.pod), reason, message, kind=kind)
         try:
             await self._write(state, desired)
         except errors.PodGone:
@@ -278,7 +253,7 @@ class StatusWriter:
                 if retry is None:
                     return
                 pod = retry
-                if not self._sidecars and plan.fields & {claims.INIT_CONTAINERS}:
+                if self._gates.sidecars_refused and claims.INIT_CONTAINERS in plan.fields:
                     desired = self._desired(state)  # plan again without them
                 continue
             self._accepted(state, plan, answer, desired)
@@ -302,7 +277,7 @@ class StatusWriter:
                 if podjson.node_name(fresh) != self.node:
                     return None  # moved off this node meanwhile: not ours any more
                 return fresh
-        if self._rejected_sidecars(exc, plan):
+        if self._gates.refused_sidecars(exc, plan):
             return pod
         self._failed(state, exc)
         return None
@@ -317,8 +292,9 @@ class StatusWriter:
             health, lookup, at = self._health, self._index, self._clock.now()
         return podstatus.desired_status(
             state.pod, index=lookup, health_of=lambda key: health(key, at), now=at,
-            condition_type=self._cfg.pod_condition_type, with_message=self._with_message,
-            sidecars=self._sidecars,
+            condition_type=self._cfg.pod_condition_type,
+            with_message=not self._gates.message_dropped,
+            sidecars=not self._gates.sidecars_refused,
         )  # fmt: skip
 
     def _plan(
@@ -335,40 +311,14 @@ class StatusWriter:
     ) -> dict[str, Any]:
         started = time.perf_counter()
         state.last_write = self._clock.now()
-        answer = await self._call(
+        answer = await self._calls.call(
             self._api.json_patch_pod_status, podjson.namespace(pod), podjson.name(pod), ops
         )
         self.stats.latencies.append(time.perf_counter() - started)
         return answer
 
-    async def _call(self, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
-        retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception(kube_api.is_transient),
-            wait=self._wait,
-            stop=tenacity.stop_after_attempt(self._max_attempts),
-            sleep=self._clock.sleep,
-            before_sleep=self._count_retry,
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                await self._limiter.acquire()
-                self.stats.requests += 1
-                return await asyncio.to_thread(fn, *args)
-        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
-
-    def _wait(self, state: tenacity.RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        retry_after = getattr(exc, "retry_after", None)
-        if retry_after is not None:
-            return float(retry_after)
-        return float(min(5.0, 0.1 * 2 ** (state.attempt_number - 1)) * self._rng.uniform(0.5, 1.0))
-
-    def _count_retry(self, state: tenacity.RetryCallState) -> None:
-        self.stats.results["retried"] += 1
-
     async def _reread(self, state: podstate.PodState, pod: Obj) -> Obj:
-        fresh = await self._call(self._api.get_pod, podjson.namespace(pod), podjson.name(pod))
+        fresh = await self._calls.call(self._api.get_pod, podjson.namespace(pod), podjson.name(pod))
         if podjson.uid(fresh) != state.uid:
             raise errors.PodGone(f"pod {podjson.name(pod)} was replaced", status=409)
         state.pod = fresh
@@ -385,7 +335,7 @@ class StatusWriter:
         state.failures = 0
         if podjson.uid(answer) == state.uid:
             state.pod = answer
-        self._check_gates(plan, answer)
+        self._gates.check_answer(plan, answer)
         if plan.containers:
             state.written = podstate.Written(_rv(answer), _managed_entries(answer, desired))
 
@@ -409,21 +359,12 @@ class StatusWriter:
         if self._pods.pending:
             self._wake.set()
 
-    def _rejected_sidecars(self, exc: kube_api.CallError, plan: patchplan.Plan) -> bool:
-        # Validation of initContainerStatuses' health entries is not verified
-        # upstream: if the server refuses them, stop sending them.
-        if exc.status != 422 or claims.INIT_CONTAINERS not in plan.fields or not self._sidecars:
-            return False
-        logger.warning("API server refuses device health on init containers; skipping them")
-        self._sidecars = False
-        return True
-
-    # -- modes and gates -----------------------------------------------------
+    # -- modes ---------------------------------------------------------------
 
     def _container_status_on(
         self, state: podstate.PodState, pod: Obj, desired: podstatus.Desired
     ) -> bool:
-        if self.mode is settings.ContainerStatusMode.OFF or self.stats.gate_off:
+        if self.mode is settings.ContainerStatusMode.OFF or self._gates.health_dropped:
             return False
         if self.mode is settings.ContainerStatusMode.ON:
             return True
@@ -435,40 +376,6 @@ class StatusWriter:
             )
         return not state.kubelet_owned
 
-    def _check_gates(self, plan: patchplan.Plan, answer: Obj) -> None:
-        got = podjson.status(answer)
-        for write in plan.containers:
-            echoed = podstatus.container_entries(got, write.field, write.name)
-            if write.entries and not echoed:
-                self._gate_off()
-                return
-            if _has_message(write.entries) and not _has_message(echoed):
-                self._message_gate_off()
-
-    def _gate_off(self) -> None:
-        if self.stats.gate_off:
-            return
-        self.stats.gate_off = True
-        self.stats.gate_off_detected += 1
-        logger.error(
-            "The API server drops containerStatuses[].allocatedResourcesStatus: its "
-            "ResourceHealthStatus feature gate is off. Writing only the pod condition from now on."
-        )
-        self._events.record(
-            kube_events.node_ref(self.node), "ResourceHealthStatusDisabled",
-            "The API server drops allocatedResourcesStatus (feature gate ResourceHealthStatus "
-            "off); only the device-health condition is written", kind="Warning",
-        )  # fmt: skip
-
-    def _message_gate_off(self) -> None:
-        if not self.stats.message_gate_off:
-            self.stats.message_gate_off = True
-            self._with_message = False
-            logger.warning(
-                "The API server drops allocatedResourcesStatus messages "
-                "(feature gate ResourceHealthStatusMessage off); sending health without them"
-            )
-
     # -- terminated pods -----------------------------------------------------
 
     def _record_termination(self, state: podstate.PodState) -> None:
@@ -478,33 +385,6 @@ class StatusWriter:
         record = podstate.PostMortem(lookup, health, now, now + self._cfg.terminated_pod_ttl)
         self._pods.set_record(state, record, limit=self._cfg.terminated_pod_max)
         self._refresh_stats()
-
-    # -- events --------------------------------------------------------------
-
-    def _emit_transitions(self, state: podstate.PodState, desired: podstatus.Desired) -> None:
-        seen, known = state.seen_health, state.known_health
-        for device in desired.devices:
-            before = seen.get(device.key)
-            seen[device.key] = device.health
-            # Until a device was once Healthy or Unhealthy (a fresh pod, a
-            # sidecar restart), Unknown and then Healthy are not news.
-            first_and_boring = (
-                device.key not in known and device.health is not models.HealthStatus.UNHEALTHY
-            )
-            if device.health is not models.HealthStatus.UNKNOWN:
-                known.add(device.key)
-            if before == device.health or first_and_boring:
-                continue
-            reason, kind = _EVENT_REASON[device.health]
-            message = f"Device {device.key} (claim {device.claim_ref}) is {device.health}"
-            message += f": {device.message}" if device.message else ""
-            self._events.record(kube_events.pod_ref(state.pod), reason, message, kind=kind)
-
-    async def _create_event(self, namespace: str, body: dict[str, Any]) -> Obj:
-        return await self._call(self._api.create_event, namespace, body)
-
-    async def _patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> Obj:
-        return await self._call(self._api.patch_event, namespace, name, body)
 
     # -- internals -----------------------------------------------------------
 
@@ -521,6 +401,9 @@ class StatusWriter:
         self.stats.pending = self._pods.pending
         self.stats.kubelet_owned_pods = self._pods.kubelet_owned
         self.stats.postmortem_records = self._pods.records
+        self.stats.gate_off = self._gates.health_dropped
+        self.stats.message_gate_off = self._gates.message_dropped
+        self.stats.gate_off_detected = self._gates.detected
 
 
 def _kubelet_writes(state: podstate.PodState, pod: Obj, desired: podstatus.Desired) -> bool:
@@ -548,10 +431,6 @@ def _managed_entries(pod: Obj, desired: podstatus.Desired) -> tuple[Any, ...]:
 
 def _ids(entry: Obj | None) -> set[str]:
     return {str(r.get("resourceID")) for r in (entry or {}).get("resources") or ()}
-
-
-def _has_message(entries: Iterable[Obj] | None) -> bool:
-    return any(r.get("message") for e in entries or () for r in e.get("resources") or ())
 
 
 _rv = podjson.resource_version_number
