@@ -110,7 +110,7 @@ class EventRecorder:
             await self._send(series, now, create, patch)
 
     async def _send(self, series: _Series, now: float, create: Create, patch: Patch) -> None:
-        namespace = str(series.involved.get("namespace") or podjson.DEFAULT_NAMESPACE)
+        namespace = _namespace(series.involved)
         try:
             if series.name:
                 await patch(namespace, series.name, self._update_body(series, now))
@@ -156,7 +156,7 @@ class EventRecorder:
         return {
             "metadata": {
                 "name": f"{series.involved.get('name')}.{digest}",
-                "namespace": series.involved.get("namespace") or podjson.DEFAULT_NAMESPACE,
+                "namespace": _namespace(series.involved),
             },
             "involvedObject": series.involved,
             "reason": series.reason,
@@ -229,6 +229,11 @@ def node_ref(node: str) -> dict[str, Any]:
         "namespace": podjson.DEFAULT_NAMESPACE,
         "uid": node,
     }
+
+
+def _namespace(involved: Obj) -> str:
+    """Where the Event goes: the involved object's namespace (``default`` for a node)."""
+    return str(involved.get("namespace") or podjson.DEFAULT_NAMESPACE)
 
 
 def _describe(involved: Obj) -> str:
