@@ -73,6 +73,7 @@ class PreparedDevice:
 
     @property
     def key(self) -> models.DeviceKey:
+        """The device as the health cache knows it."""
         return models.DeviceKey(self.driver, self.pool, self.device)
 
     @property
@@ -131,6 +132,7 @@ class PodClaims:
 
     @property
     def claim_keys(self) -> frozenset[ClaimKey]:
+        """Every ResourceClaim the pod's references resolve to."""
         return frozenset(self.refs.values())
 
 
@@ -153,7 +155,9 @@ class Delta:
 class DeviceLookup(Protocol):
     """What pod status needs from an index: a claim's devices as seen by one pod."""
 
-    def devices_for(self, pod_uid: str, key: ClaimKey) -> Sequence[PreparedDevice] | None: ...
+    def devices_for(self, pod_uid: str, key: ClaimKey) -> Sequence[PreparedDevice] | None:
+        """A claim's devices as ``pod_uid`` sees them, ``None`` if unknown or not its."""
+        ...
 
 
 # -- pure helpers on plain dicts ------------------------------------------------
@@ -298,15 +302,18 @@ class ClaimIndex:
         return Delta(frozenset({new.uid}), added, removed)
 
     def remove_pod(self, uid: str) -> Delta:
+        """Forget a pod; the delta names it and the claims no pod references any more."""
         old = self._pods.pop(uid, None)
         if old is None:
             return Delta()
         return Delta(frozenset({uid}), claims_removed=self._unlink(uid, old.claim_keys))
 
     def pod(self, uid: str) -> PodClaims | None:
+        """What the index keeps of a pod, or ``None``."""
         return self._pods.get(uid)
 
     def pod_uids(self) -> frozenset[str]:
+        """Every indexed pod."""
         return frozenset(self._pods)
 
     # -- claims ------------------------------------------------------------
@@ -319,6 +326,7 @@ class ClaimIndex:
         return self._claim_changed(claim.key, old)
 
     def remove_claim(self, namespace: str, name: str) -> Delta:
+        """Forget an API claim (a prepared claim of that name stays)."""
         key = ClaimKey(namespace, name)
         old = self._effective(key)
         if self._api.pop(key, None) is None:
@@ -342,6 +350,7 @@ class ClaimIndex:
         return self._claim_changed(key, old)
 
     def remove_prepared_claim(self, *, namespace: str, name: str) -> Delta:
+        """Forget a claim a node agent prepared."""
         key = ClaimKey(namespace, name)
         old = self._effective(key)
         if self._prepared.pop(key, None) is None:
@@ -349,6 +358,7 @@ class ClaimIndex:
         return self._claim_changed(key, old)
 
     def claim(self, key: ClaimKey) -> Claim | None:
+        """The claim as the index uses it: the prepared one, else the API's."""
         return self._effective(key)
 
     def referenced_claims(self) -> frozenset[ClaimKey]:
@@ -356,6 +366,7 @@ class ClaimIndex:
         return frozenset(self._claim_pods)
 
     def has_api_claim(self, key: ClaimKey) -> bool:
+        """Whether the API's copy of this claim has been read."""
         return key in self._api
 
     # -- queries -----------------------------------------------------------
@@ -417,6 +428,7 @@ class ClaimIndex:
         return FrozenClaims(claims)
 
     def stats(self) -> dict[str, int]:
+        """Sizes of the index, for metrics and debugging."""
         return {
             "pods": len(self._pods),
             "claims_referenced": len(self._claim_pods),
@@ -499,7 +511,9 @@ class FrozenClaims:
     claims: Mapping[ClaimKey, tuple[PreparedDevice, ...]]
 
     def devices_for(self, pod_uid: str, key: ClaimKey) -> Sequence[PreparedDevice] | None:
+        """The captured devices of ``key`` (every pod of the record sees them)."""
         return self.claims.get(key)
 
     def device_keys(self) -> frozenset[models.DeviceKey]:
+        """Every device of the captured claims."""
         return frozenset(d.key for devices in self.claims.values() for d in devices)

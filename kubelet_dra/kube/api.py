@@ -98,6 +98,7 @@ class Api:
     # -- pods ----------------------------------------------------------------
 
     def list_node_pods(self, node: str) -> dict[str, Any]:
+        """The pods bound to ``node`` (field selector ``spec.nodeName``), as a list object."""
         return self._call(
             f"list pods on node {node}",
             lambda: self._core.list_pod_for_all_namespaces(
@@ -122,6 +123,7 @@ class Api:
         )  # fmt: skip
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod, read through ``pods/<name>/status``; 404 is ``errors.PodGone``."""
         return self._call(
             f"get pod {namespace}/{name}",
             lambda: self._core.read_namespaced_pod_status(
@@ -146,6 +148,7 @@ class Api:
     # -- claims --------------------------------------------------------------
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """One ``resource.k8s.io/v1`` ResourceClaim."""
         return self._call(
             f"get ResourceClaim {namespace}/{name}",
             lambda: self._resource.read_namespaced_resource_claim(
@@ -156,6 +159,7 @@ class Api:
     # -- events --------------------------------------------------------------
 
     def create_event(self, namespace: str, body: Any) -> dict[str, Any]:
+        """Create a core/v1 Event in ``namespace``."""
         return self._call(
             f"create event in {namespace}",
             lambda: self._core.create_namespaced_event(
@@ -164,6 +168,7 @@ class Api:
         )
 
     def patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Update an Event's count, message and time (a JSON merge patch)."""
         return self._call(
             f"update event {namespace}/{name}",
             lambda: self._core.patch_namespaced_event(

@@ -88,6 +88,7 @@ class EventRecorder:
         self.recorded += 1
 
     def pending(self) -> int:
+        """How many series have occurrences not sent yet."""
         return sum(1 for s in self._series.values() if s.count > s.sent_count)
 
     def next_due(self) -> float | None:

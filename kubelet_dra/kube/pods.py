@@ -57,6 +57,7 @@ class NodePods:
         return self.pods_synced and self._index.referenced_claims() <= self._fetched
 
     def get(self, uid: str) -> Obj | None:
+        """The node's pod with this UID as last listed or watched, or ``None``."""
         return self._pods.get(uid)
 
     async def run(self) -> None:

@@ -74,6 +74,7 @@ class PodState:
 
     @property
     def uid(self) -> str:
+        """The pod's UID (the table's key)."""
         return podjson.uid(self.pod)
 
 
@@ -98,6 +99,7 @@ class PodStates:
         return iter(list(self._states.values()))
 
     def get(self, uid: str) -> PodState | None:
+        """The pod's state, or ``None`` when the pod is not known."""
         return self._states.get(uid)
 
     def put(self, pod: Obj) -> PodState:
@@ -152,6 +154,7 @@ class PodStates:
 
     @property
     def pending(self) -> int:
+        """How many pods are dirty."""
         return len(self._dirty)
 
     def _set_due(self, state: PodState, due: float) -> None:
@@ -194,6 +197,7 @@ class PodStates:
 
     @property
     def records(self) -> int:
+        """How many post-mortem records are kept."""
         return self._records
 
     def _clear_record(self, state: PodState) -> None:

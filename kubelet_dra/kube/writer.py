@@ -177,6 +177,7 @@ class StatusWriter:
 
     @property
     def events(self) -> kube_events.EventRecorder:
+        """The recorder of device-health Events (flushed by each round)."""
         return self._events
 
     # -- the loop ------------------------------------------------------------
