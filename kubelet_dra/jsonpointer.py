@@ -10,6 +10,7 @@ to the caller.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Final
 
 
@@ -43,14 +44,18 @@ def child(node: Any, token: str) -> Any:
     return MISSING
 
 
-def resolve(doc: Any, pointer: str) -> Any:
-    """The value ``pointer`` names in ``doc``, or :data:`MISSING` (a bad pointer too)."""
-    try:
-        tokens = parse(pointer)
-    except ValueError:
-        return MISSING
+def walk(doc: Any, tokens: Iterable[str]) -> Any:
+    """The value the reference tokens name in ``doc``, or :data:`MISSING`."""
     for token in tokens:
         doc = child(doc, token)
         if doc is MISSING:
             break
     return doc
+
+
+def resolve(doc: Any, pointer: str) -> Any:
+    """The value ``pointer`` names in ``doc``, or :data:`MISSING` (a bad pointer too)."""
+    try:
+        return walk(doc, parse(pointer))
+    except ValueError:
+        return MISSING

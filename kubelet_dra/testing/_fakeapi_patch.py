@@ -91,6 +91,13 @@ _MISSING = jsonpointer.MISSING
 _child = jsonpointer.child
 
 
+def _missing(op: str, path: Any) -> PatchError:
+    # evanphx/json-patch wording, which the apiserver passes through.
+    return PatchError(
+        f'{op} operation does not apply: doc is missing path: "{path}": missing value', code=422
+    )
+
+
 def _pointer(path: Any) -> list[str]:
     if not isinstance(path, str):
         raise PatchError(f"invalid JSON pointer: {path!r}", code=400)
@@ -101,25 +108,16 @@ def _pointer(path: Any) -> list[str]:
 
 
 def _parent(doc: JSON, parts: list[str], op: str, path: str) -> JSON:
-    node = doc
-    for part in parts[:-1]:
-        node = _child(node, part)
-        if node is _MISSING:
-            raise PatchError(
-                f'{op} operation does not apply: doc is missing path: "{path}": missing value',
-                code=422,
-            )
+    node = jsonpointer.walk(doc, parts[:-1])
+    if node is _MISSING:
+        raise _missing(op, path)
     return node
 
 
 def _get(doc: JSON, path: Any, op: str) -> JSON:
-    _pointer(path)  # a malformed pointer is a 400, not a missing value
-    node = jsonpointer.resolve(doc, path)
+    node = jsonpointer.walk(doc, _pointer(path))
     if node is _MISSING:
-        raise PatchError(
-            f'{op} operation does not apply: doc is missing path: "{path}": missing value',
-            code=422,
-        )
+        raise _missing(op, path)
     return node
 
 
@@ -128,10 +126,7 @@ def _remove(doc: JSON, path: Any, op: str) -> JSON:
     parent = _parent(doc, parts, op, path)
     value = _child(parent, parts[-1])
     if value is _MISSING:
-        raise PatchError(
-            f'{op} operation does not apply: doc is missing path: "{path}": missing value',
-            code=422,
-        )
+        raise _missing(op, path)
     if isinstance(parent, dict):
         del parent[parts[-1]]
     else:
@@ -151,10 +146,7 @@ def _add(doc: JSON, path: Any, value: JSON, op: str) -> JSON:
         index = len(parent) if key == "-" else int(key)
         parent.insert(index, copy.deepcopy(value))
     else:
-        raise PatchError(
-            f'{op} operation does not apply: doc is missing path: "{path}": missing value',
-            code=422,
-        )
+        raise _missing(op, path)
     return doc
 
 
