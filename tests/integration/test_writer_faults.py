@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kubelet_dra import claims, clock, healthinfo, kube, models
+from kubelet_dra import claims, clock, healthinfo, kube, models, podstatus
 from kubelet_dra.testing import fakeapi
 from tests.integration import test_kube_harness as h
 
@@ -171,3 +171,27 @@ async def test_transient_failures_of_one_pod_back_off_exponentially_with_a_cap()
             assert backoff() <= 1.2  # a success resets the streak
         finally:
             client.close()
+
+
+async def test_refused_init_container_entries_are_planned_away_not_resent() -> None:
+    # Validation of health entries on init containers (sidecars) is not verified
+    # upstream: a 422 whose tests all hold, for a write that carried them, stops
+    # sending them, and the retry is planned without them at once.
+    async with h.running() as t:
+        t.server.create_claim(
+            fakeapi.make_claim("p1-gpu", results=[(h.DRV, "pool", "gpu-0", "gpu")])
+        )
+        pod = fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")])
+        side = {**pod["spec"]["containers"][0], "name": "side", "restartPolicy": "Always"}
+        pod["spec"]["initContainers"] = [side]
+        pod["status"]["initContainerStatuses"] = [fakeapi.container_status("side")]
+        t.server.fail("PATCH", STATUS, code=422, times=1)
+        t.server.create_pod(pod)
+        await h.eventually(lambda: t.pods.claims_synced)
+        t.report("gpu-0", H.UNHEALTHY, "bad")
+        await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+        status = t.server.get_pod("default", "p1")["status"]
+        assert podstatus.container_entries(status, claims.INIT_CONTAINERS, "side") == []
+        refused = [r for r in t.server.status_writes() if r.status == 422]
+        assert len(refused) == 1
+        assert t.writer.stats.results["failed"] == 0
