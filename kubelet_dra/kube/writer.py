@@ -73,8 +73,7 @@ HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
 TERMINAL = frozenset({"Succeeded", "Failed"})
 RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
 MAX_CONFLICTS = 5
-FAILED_RETRY_MAX = podstate.FAILED_RETRY_MAX
-TokenBucket = calls.TokenBucket
+TokenBucket = calls.TokenBucket  # kube.writer.TokenBucket, as before the split
 
 
 @dataclasses.dataclass
