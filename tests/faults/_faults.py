@@ -13,8 +13,7 @@ import asyncio
 import os
 import pathlib
 import random
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -129,15 +128,6 @@ def writes_per_pod(api: FakeApiServer) -> dict[str, int]:
         name = record.path.rsplit("/", 2)[-2]
         counts[name] = counts.get(name, 0) + 1
     return counts
-
-
-async def until(predicate: Callable[[], object], timeout: float, what: str = "") -> None:
-    """Poll ``predicate`` (off nothing: it must be cheap); fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what or predicate}")
-        await asyncio.sleep(0.02)
 
 
 def open_fds() -> int:

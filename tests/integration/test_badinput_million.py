@@ -16,13 +16,13 @@ import logging
 import os
 import pathlib
 import sys
-import time
 
 import pytest
 
 from kubelet_dra import clock, healthinfo, plugins, registration
+from kubelet_dra.testing import eventually
 
-from ._driver_fixtures import Changes, make_settings, wait_until
+from ._driver_fixtures import Changes, make_settings
 
 SENDER = r"""
 import sys, time
@@ -91,12 +91,16 @@ async def test_huge_report_is_refused_with_a_reason_and_memory_stays_bounded(
             cache, settings=settings, clock=clock.SystemClock(), on_change=Changes()
         ) as mgr:
             await mgr.handle(registration.PluginEvent(registration.EventKind.REGISTER, info))
-            deadline = time.monotonic() + 30
-            while not mgr.refused.get(("huge.example.com", reason)):
+
+            def refused() -> int:
+                nonlocal peak
                 peak = max(peak, _rss_mb())
-                assert time.monotonic() < deadline, dict(mgr.refused)
-                await asyncio.sleep(0.005)
-            await wait_until(lambda: f"({reason})" in caplog.text)
+                count = mgr.refused.get(("huge.example.com", reason), 0)
+                assert count, f"refused so far: {dict(mgr.refused)}"
+                return count
+
+            await eventually(refused, what=f"the refusal ({reason})", timeout=30, interval=0.005)
+            await eventually(lambda: f"({reason})" in caplog.text)
         assert len(cache) == 0
     finally:
         sender.kill()

@@ -33,12 +33,6 @@ STRATEGIC = "application/strategic-merge-patch+json"
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
 def client(api: FakeApiServer) -> Iterator[kubernetes.client.ApiClient]:
     with api.api_client() as api_client:
         yield api_client

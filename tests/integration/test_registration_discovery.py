@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from kubelet_dra import clock, registration, settings
-from kubelet_dra.testing import fakedriver
+from kubelet_dra.testing import eventually, fakedriver
 
-from ._driver_fixtures import Events, make_settings, wait_until
+from ._driver_fixtures import Events, make_settings
 
 OBSERVER, OWNER = settings.Role.OBSERVER, settings.Role.OWNER
 
@@ -72,18 +72,20 @@ async def test_existing_socket_at_start_registers_as_observer_without_notifying(
 
 async def test_owner_notifies_registration_once(registry: pathlib.Path) -> None:
     async with fakedriver.FakeDriver(registry=registry) as drv, watching(registry, role=OWNER):
-        await wait_until(lambda: drv.notifications == [(True, "")])
+        await eventually(lambda: drv.notifications == [(True, "")])
 
 
 async def test_new_removed_and_recreated_sockets(registry: pathlib.Path) -> None:
     async with watching(registry) as (_, events):
         drv = fakedriver.FakeDriver(registry=registry / "nested")  # recursive watch
         await drv.start()
-        await wait_until(lambda: events.kinds() == ["register"], timeout=1.0)
+        await eventually(lambda: events.kinds() == ["register"], timeout=1.0)
         await drv.restart()  # same path, new inode
-        await wait_until(lambda: events.kinds() == ["register", "deregister", "register"], 1.0)
+        await eventually(
+            lambda: events.kinds() == ["register", "deregister", "register"], timeout=1.0
+        )
         await drv.stop()
-        await wait_until(lambda: events.kinds()[-1] == "deregister", timeout=1.0)
+        await eventually(lambda: events.kinds()[-1] == "deregister", timeout=1.0)
         assert len(events.events) == 4
 
 
@@ -120,7 +122,7 @@ async def test_invalid_plugins_are_refused_once_and_told_so_by_an_owner(
     fake = clock.FakeClock()
     driver = fakedriver.FakeDriver(registry=registry, **kwargs)  # type: ignore[arg-type]
     async with driver as drv, watching(registry, role=OWNER, clk=fake) as (watcher, events):
-        await wait_until(lambda: str(drv.registration_socket) in watcher.failures)
+        await eventually(lambda: str(drv.registration_socket) in watcher.failures)
         assert reason in watcher.failures[str(drv.registration_socket)]
         fake.advance(3600)
         for _ in range(5):
@@ -147,7 +149,7 @@ async def test_socket_without_server_is_retried_with_backoff_and_logged_once(
             assert entry.attempts == 1
             for attempts, step in ((2, 0.6), (3, 1.2), (4, 2.4), (5, 4.8)):  # 0.5 s doubling
                 fake.advance(step)
-                await wait_until(lambda n=attempts: entry.attempts == n)
+                await eventually(lambda n=attempts: entry.attempts == n)
             assert events.events == []
     finally:
         sock.close()
@@ -167,8 +169,8 @@ async def test_hanging_get_info_times_out_without_blocking_other_drivers(
     try:
         async with watching(registry) as (watcher, events):
             async with fakedriver.FakeDriver(registry=registry):
-                await wait_until(lambda: events.kinds() == ["register"], timeout=1.0)
-            await wait_until(lambda: hung_path in watcher.failures, timeout=2.0)
+                await eventually(lambda: events.kinds() == ["register"], timeout=1.0)
+            await eventually(lambda: hung_path in watcher.failures, timeout=2.0)
             assert "DEADLINE_EXCEEDED" in watcher.failures[hung_path]
     finally:
         for writer in writers:

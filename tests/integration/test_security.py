@@ -25,10 +25,10 @@ import sys
 import time
 
 from kubelet_dra import clock, healthinfo, models, plugins, registration
-from kubelet_dra.testing import FakeApiServer, FakeDriver
+from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 from kubelet_dra.testing._fakedriver_control import FakeDriverClient
 
-from ._driver_fixtures import Changes, make_settings, wait_until
+from ._driver_fixtures import Changes, make_settings
 from ._sidecar_process import DRIVER, SidecarProcess, cluster, device, health_of, http_get
 
 
@@ -84,10 +84,13 @@ async def test_full_verbose_run_leaks_no_secret_and_opens_only_the_metrics_port(
                 inodes = _socket_inodes(sidecar.proc.pid)
                 listeners = _tcp_listeners(inodes)
                 unix = _unix_listeners(inodes)
-                deadline = time.monotonic() + 20
-                while (answer := await http_get(url + "/readyz"))[0] != 200:
-                    assert time.monotonic() < deadline, answer
-                    await asyncio.sleep(0.05)
+
+                async def ready() -> bool:
+                    answer = await http_get(url + "/readyz")
+                    assert answer[0] == 200, answer
+                    return True
+
+                await eventually(ready, what="/readyz 200", timeout=20, interval=0.05)
                 running = {
                     p.name: stat.S_IMODE(p.stat().st_mode) for p in (sockdir / "state").iterdir()
                 }
@@ -169,7 +172,7 @@ async def test_report_flood_from_another_process_keeps_memory_bounded(
             FakeDriverClient(control) as client,
         ):
             await mgr.handle(registration.PluginEvent(registration.EventKind.REGISTER, info))
-            await wait_until(lambda: len(cache) == 500, timeout=10)
+            await eventually(lambda: len(cache) == 500, timeout=10)
             before = peak = _rss_mb()
             await client.request("push", times=2000)
             started = time.monotonic()

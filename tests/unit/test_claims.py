@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kubelet_dra import claims, models
-from tests.unit import test_podstatus_builders as b
+from tests.unit import _podstatus_builders as b
 
 DRV = "test-driver"
 
