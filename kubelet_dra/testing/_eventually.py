@@ -15,6 +15,7 @@ timeout self-explanatory::
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 import time
@@ -49,12 +50,25 @@ def _clip(text: str) -> str:
 def describe(predicate: Callable[..., object]) -> str:
     """The predicate's source (``lambda: ...`` text) or its name, for a failure message."""
     try:
-        source = inspect.getsource(predicate).strip()
+        source = " ".join(inspect.getsource(predicate).split())
     except (OSError, TypeError):
         return getattr(predicate, "__qualname__", repr(predicate))
-    if "lambda" in source and getattr(predicate, "__name__", "") == "<lambda>":
-        source = source[source.index("lambda") :]
-    return _clip(" ".join(source.split()))
+    if getattr(predicate, "__name__", "") == "<lambda>" and "lambda" in source:
+        source = _lambda_text(source[source.index("lambda") :])
+    return _clip(source)
+
+
+def _lambda_text(text: str) -> str:
+    # getsource gives whole lines: the call around the lambda too. The longest prefix
+    # that is a lambda expression on its own is the lambda.
+    for end in range(len(text), 0, -1):
+        try:
+            tree = ast.parse(text[:end], mode="eval")
+        except SyntaxError:
+            continue
+        if isinstance(tree.body, ast.Lambda):
+            return text[:end]
+    return text
 
 
 def _timed_out(
