@@ -71,8 +71,24 @@ async def test_existing_socket_at_start_registers_as_observer_without_notifying(
 
 
 async def test_owner_notifies_registration_once(registry: pathlib.Path) -> None:
-    async with fakedriver.FakeDriver(registry=registry) as drv, watching(registry, role=OWNER):
-        await eventually(lambda: drv.notifications == [(True, "")])
+    first = fakedriver.FakeDriver(registry=registry)
+    async with first as drv, watching(registry, role=OWNER) as (watcher, events):
+        # Present at start: registered and notified before the watcher's start returned.
+        assert drv.notifications == [(True, "")]
+        for _ in range(3):
+            await watcher.scan_once()  # rescans of an unchanged socket tell it nothing new
+        # A later registration is the end of the period watched: the first driver's entry
+        # comes first in every scan, so a repeat registration of it would have been
+        # started, and seen, before the second driver's.
+        async with fakedriver.FakeDriver(registry=registry, name="nic.example.com") as later:
+            await eventually(
+                lambda: later.notifications and events.kinds("nic.example.com"),
+                what="the later driver's notification and registration",
+            )
+            assert drv.notifications == [(True, "")]
+            assert drv.calls["GetInfo"] == 1
+            assert events.kinds(drv.name) == ["register"]
+            assert later.notifications == [(True, "")]
 
 
 async def test_new_removed_and_recreated_sockets(registry: pathlib.Path) -> None:
