@@ -20,7 +20,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast
+from typing import TypeVar, cast, overload
 
 __all__ = ["eventually", "eventually_sync"]
 
@@ -78,6 +78,26 @@ def _timed_out(
         f"timed out after {timeout:g} s waiting for {what or describe(predicate)}; "
         f"last seen: {seen.text}"
     )
+
+
+@overload
+async def eventually(
+    predicate: Callable[[], Awaitable[T]],
+    *,
+    what: str | None = None,
+    timeout: float = 5.0,
+    interval: float = 0.01,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    predicate: Callable[[], T],
+    *,
+    what: str | None = None,
+    timeout: float = 5.0,
+    interval: float = 0.01,
+) -> T: ...
 
 
 async def eventually(

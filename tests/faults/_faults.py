@@ -22,6 +22,21 @@ from kubelet_dra import settings
 from kubelet_dra.testing import FakeApiServer, make_claim, make_pod
 from tests.integration._sidecar_process import pod_health, settings_for
 
+__all__ = [
+    "DRIVER",
+    "NODE",
+    "World",
+    "add_pod",
+    "manager_settings",
+    "open_fds",
+    "pod_health",
+    "resource_id",
+    "task_names",
+    "unknown_writes",
+    "versions",
+    "writes_per_pod",
+]
+
 DRIVER = "gpu.example.com"
 NODE = "node-1"
 LONG_ROUNDS = 50

@@ -145,13 +145,14 @@ async def test_disk_full_serves_from_memory_says_so_and_persists_when_space_retu
             )
             _fill(filler)
             assert mgr.store is not None
+            db = mgr.store  # the manager's store object lives as long as the manager
             rounds = 0
-            while not mgr.store.degraded:
+            while not db.degraded:
                 rounds += 1
                 assert rounds < 200, "the disk never filled up"
                 world.health = {i: ("Unhealthy", f"{rounds} " + "✗" * 300) for i in range(devices)}
                 await driver.set_health(*world.reports())
-                await eventually(lambda: mgr.store.pending == 0 or mgr.store.degraded, timeout=5)
+                await eventually(lambda: db.pending == 0 or db.degraded, timeout=5)
             await eventually(
                 lambda: "cannot write health cache" in caplog.text, what="the error log", timeout=5
             )
@@ -163,7 +164,7 @@ async def test_disk_full_serves_from_memory_says_so_and_persists_when_space_retu
                 lambda: not world.wrong_pods(api), what="served from memory", timeout=15
             )
             filler.unlink()
-            await eventually(lambda: not mgr.store.degraded, what="space again", timeout=10)
+            await eventually(lambda: not db.degraded, what="space again", timeout=10)
             await eventually(
                 lambda: "writable again" in caplog.text, what="the recovery log", timeout=5
             )

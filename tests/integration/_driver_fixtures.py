@@ -98,7 +98,10 @@ class NoJitter(random.Random):
         return (a + b) / 2
 
 
-def device(pool: str, name: str, health: str = "Healthy", **extra: object) -> dict[str, object]:
+def device(
+    pool: str, name: str, health: str | int = "Healthy", **extra: object
+) -> dict[str, object]:
+    """A device entry for ``FakeDriver.set_health``; ``health`` may be a raw enum value."""
     return {"pool": pool, "device": name, "health": health, **extra}
 
 

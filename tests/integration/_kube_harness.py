@@ -19,6 +19,7 @@ from ._driver_fixtures import NODE, WRITER, make_settings
 
 DRV = "gpu.example.com"
 H = models.HealthStatus
+__all__ = ["DRV", "NODE", "H", "Harness", "running", "settled"]
 
 
 class Harness:

@@ -36,6 +36,21 @@ FAST_ENV = {
     "KUBELET_DRA_WRITE_WINDOW": "0.01",
     "KUBELET_DRA_STORE_FLUSH_INTERVAL": "0.05",
 }
+__all__ = [
+    "DRIVER",
+    "FAST_ENV",
+    "NODE",
+    "ROOT",
+    "SidecarExited",
+    "SidecarProcess",
+    "base_env",
+    "cluster",
+    "device",
+    "health_of",
+    "http_get",
+    "pod_health",
+    "settings_for",
+]
 T = TypeVar("T")
 _ADDRESS = re.compile(r"metrics, /healthz and /readyz on http://(\S+)")
 

@@ -36,7 +36,7 @@ def _junk(
     directory.mkdir()
     nested = directory / "a" / "b" / "c"
     nested.mkdir(parents=True)
-    listening = []
+    listening: list[socket.socket] = []
     for i in range(count):
         kind = rng.choice(
             ["file", "dead", "dead", "fifo", "nested", "dangling", "alias", "bytes", "listen"]

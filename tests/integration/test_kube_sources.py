@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kubelet_dra import claims
@@ -97,7 +99,7 @@ async def test_pod_moving_off_the_selector_is_dropped() -> None:
         pod = t.pod_with_gpu("p1", "gpu-0")
         await eventually(lambda: t.pods.claims_synced)
 
-        def elsewhere(obj: dict) -> dict:  # type: ignore[type-arg]
+        def elsewhere(obj: dict[str, Any]) -> dict[str, Any]:
             obj["spec"]["nodeName"] = "node-2"
             return obj
 

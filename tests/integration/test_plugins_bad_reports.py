@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import pathlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ DRIVER = "gpu.example.com"
 
 @contextlib.asynccontextmanager
 async def manager_with(
-    **overrides: object,
+    **overrides: Any,
 ) -> AsyncIterator[tuple[healthinfo.HealthCache, plugins.PluginManager, Changes]]:
     cache, changes = healthinfo.HealthCache(), Changes()
     manager = plugins.PluginManager(
@@ -26,7 +27,7 @@ async def manager_with(
         settings=make_settings(**overrides),
         clock=clock.FakeClock(),
         on_change=changes,
-        rng=NoJitter(),  # type: ignore[arg-type]
+        rng=NoJitter(),
     )
     async with manager:
         yield cache, manager, changes

@@ -118,7 +118,7 @@ async def test_reconnect_backoff_doubles_to_the_cap(
             await fake_clock.wait_for_sleepers(1)  # the backoff (no lease: no deadline sleeper)
             delays.append(fake_clock.sleep_calls[-1])
             fake_clock.advance(fake_clock.sleep_calls[-1])
-            await eventually(lambda n=attempt: status.reconnects == n)
+            await eventually(lambda: status.reconnects == attempt)  # noqa: B023  # awaited here
         assert delays == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
         assert drv.calls["NodeWatchResources/v1"] == 7
 
@@ -136,7 +136,7 @@ async def test_backoff_resets_after_a_healthy_period(
             await drv.end_streams("INTERNAL")
             await eventually(lambda: status.state == plugins.StreamState.BACKOFF)
             fake_clock.advance(fake_clock.sleep_calls[-1])
-            await eventually(lambda n=attempt: status.reconnects == n)
+            await eventually(lambda: status.reconnects == attempt)  # noqa: B023  # awaited here
         await eventually(lambda: status.state == plugins.StreamState.STREAMING)
         fake_clock.advance(61)  # streamed longer than stream_backoff_reset_after
         await drv.end_streams("INTERNAL")

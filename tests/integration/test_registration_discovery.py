@@ -9,6 +9,7 @@ import os
 import pathlib
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -133,10 +134,10 @@ async def test_hidden_and_non_socket_files_are_ignored(registry: pathlib.Path) -
     ids=["other-type", "empty-versions", "no-dra-service"],
 )
 async def test_invalid_plugins_are_refused_once_and_told_so_by_an_owner(
-    registry: pathlib.Path, kwargs: dict[str, object], reason: str, caplog: pytest.LogCaptureFixture
+    registry: pathlib.Path, kwargs: dict[str, Any], reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = clock.FakeClock()
-    driver = fakedriver.FakeDriver(registry=registry, **kwargs)  # type: ignore[arg-type]
+    driver = fakedriver.FakeDriver(registry=registry, **kwargs)
     async with driver as drv, watching(registry, role=OWNER, clk=fake) as (watcher, events):
         await eventually(lambda: str(drv.registration_socket) in watcher.failures)
         assert reason in watcher.failures[str(drv.registration_socket)]
@@ -165,7 +166,7 @@ async def test_socket_without_server_is_retried_with_backoff_and_logged_once(
             assert entry.attempts == 1
             for attempts, step in ((2, 0.6), (3, 1.2), (4, 2.4), (5, 4.8)):  # 0.5 s doubling
                 fake.advance(step)
-                await eventually(lambda n=attempts: entry.attempts == n)
+                await eventually(lambda: entry.attempts == attempts)  # noqa: B023  # awaited here
             assert events.events == []
     finally:
         sock.close()

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import pathlib
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,7 @@ def _watch(
         status,
         settings=make_settings(),
         clock=fake_clock,
-        rng=NoJitter(),  # type: ignore[arg-type]
+        rng=NoJitter(),
     )
     return status, events
 
@@ -125,11 +126,11 @@ async def test_a_bug_applying_an_event_is_logged_once_and_the_stream_goes_on(
     failures: list[int] = []
     real_update = cache.update
 
-    def update_failing_twice(*args: object, **kwargs: object) -> list[models.DeviceKey]:
+    def update_failing_twice(*args: Any, **kwargs: Any) -> list[models.DeviceKey]:
         if len(failures) < 2:
             failures.append(1)
             raise RuntimeError("bug")
-        return real_update(*args, **kwargs)  # type: ignore[arg-type]
+        return real_update(*args, **kwargs)
 
     monkeypatch.setattr(cache, "update", update_failing_twice)
     manager = plugins.PluginManager(

@@ -25,7 +25,7 @@ async def _kubelet_rewrites(t: h.Harness, times: int) -> int:
     uid = t.server.get_pod("default", "p1")["metadata"]["uid"]
     for _ in range(times):
         rv = int(t.server.kubelet_write("default", "p1")["metadata"]["resourceVersion"])
-        await eventually(lambda rv=rv: _seen_rv(t, uid) >= rv)  # the watch delivered it
+        await eventually(lambda: _seen_rv(t, uid) >= rv)  # noqa: B023  # the watch delivered it
         await h.settled(t, quiet=0.08)
     return len(t.server.status_writes(name="p1")) - before
 

@@ -65,7 +65,7 @@ async def test_transitions_become_aggregated_rate_limited_events() -> None:
         await eventually(lambda: t.pods.claims_synced)
         for health in (H.HEALTHY, H.UNHEALTHY, H.HEALTHY, H.UNHEALTHY, H.HEALTHY, H.UNHEALTHY):
             t.report("gpu-0", health)
-            await eventually(lambda health=health: str(health) in t.healths("p1").values())
+            await eventually(lambda: str(health) in t.healths("p1").values())  # noqa: B023
 
         def unhealthy() -> list[dict[str, Any]]:
             return [e for e in t.server.events() if e["reason"] == "DeviceUnhealthy"]

@@ -80,6 +80,7 @@ def test_flush_batches_many_reports_into_one_commit(tmp_path: pathlib.Path) -> N
 
 def test_sqlite_runs_wal_with_synchronous_normal(tmp_path: pathlib.Path) -> None:
     db = store.HealthStore.open(tmp_path)
+    assert db._db is not None
     assert db._db.conn.select_one("PRAGMA journal_mode") == ("wal",)
     assert db._db.conn.select_one("PRAGMA synchronous") == (1,)  # NORMAL
     db.close()
@@ -180,6 +181,7 @@ def test_failed_flush_keeps_records_and_recovers(tmp_path: pathlib.Path) -> None
     db = store.HealthStore.open(tmp_path)
     cache = healthinfo.HealthCache(sink=db)
     cache.update("drv", [models.DeviceReport("p", "d", H.UNHEALTHY, "x")], now=T0)
+    assert db._db is not None
     db._db.conn.execute("PRAGMA query_only=ON")  # every write now fails, like a read-only disk
     with pytest.raises(errors.StoreError, match="cannot write"):
         db.flush()
