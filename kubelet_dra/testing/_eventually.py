@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar, cast, overload
 
 __all__ = ["eventually", "eventually_sync"]
@@ -30,17 +31,42 @@ T = TypeVar("T")
 _SHOWN = 2000
 
 
-class _Seen:
-    """The last answer of the predicate: a value, or the assertion it raised."""
+class TimedOut(AssertionError):
+    """The wait is over: not an answer of the predicate (an ``AssertionError`` is "not yet")."""
 
-    def __init__(self) -> None:
-        self.text = "nothing (the predicate never returned)"
 
-    def value(self, value: object) -> None:
-        self.text = _clip(repr(value))
+class _Wait:
+    """One wait: its deadline and the predicate's last answer (a value or an assertion)."""
 
-    def failure(self, exc: AssertionError) -> None:
-        self.text = _clip(f"AssertionError: {exc}".strip())
+    def __init__(self, predicate: Callable[..., object], what: str | None, timeout: float):
+        self.predicate, self.what, self.timeout = predicate, what, timeout
+        self.deadline = time.monotonic() + timeout
+        self.seen = "nothing (the predicate never returned)"
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[None]:
+        """Around one call of the predicate: an ``AssertionError`` from it is "not yet"."""
+        try:
+            yield
+        except TimedOut:
+            raise
+        except AssertionError as exc:
+            failure = exc
+        else:
+            return
+        self.saw(failure)
+
+    def saw(self, answer: object) -> None:
+        """Remember a falsy answer; past the deadline, fail with it."""
+        if isinstance(answer, AssertionError):
+            self.seen = _clip(f"AssertionError: {answer}".strip())
+        else:
+            self.seen = _clip(repr(answer))
+        if time.monotonic() > self.deadline:
+            raise TimedOut(
+                f"timed out after {self.timeout:g} s waiting for "
+                f"{self.what or describe(self.predicate)}; last seen: {self.seen}"
+            )
 
 
 def _clip(text: str) -> str:
@@ -69,15 +95,6 @@ def _lambda_text(text: str) -> str:
         if isinstance(tree.body, ast.Lambda):
             return text[:end]
     return text
-
-
-def _timed_out(
-    timeout: float, what: str | None, predicate: Callable[..., object], seen: _Seen
-) -> AssertionError:
-    return AssertionError(
-        f"timed out after {timeout:g} s waiting for {what or describe(predicate)}; "
-        f"last seen: {seen.text}"
-    )
 
 
 @overload
@@ -113,20 +130,14 @@ async def eventually(
     "not yet". After ``timeout`` real seconds raise ``AssertionError`` naming ``what``
     (default: the predicate's source) and the last value or assertion seen.
     """
-    seen = _Seen()
-    deadline = time.monotonic() + timeout
+    wait = _Wait(predicate, what, timeout)
     while True:
-        try:
+        with wait.attempt():
             answer = predicate()
             result = cast(T, await answer if inspect.isawaitable(answer) else answer)
-        except AssertionError as exc:
-            seen.failure(exc)
-        else:
             if result:
                 return result
-            seen.value(result)
-        if time.monotonic() > deadline:
-            raise _timed_out(timeout, what, predicate, seen)
+            wait.saw(result)
         await asyncio.sleep(interval)
 
 
@@ -138,17 +149,10 @@ def eventually_sync(
     interval: float = 0.05,
 ) -> T:
     """:func:`eventually` for code without an event loop: blocks the calling thread."""
-    seen = _Seen()
-    deadline = time.monotonic() + timeout
+    wait = _Wait(predicate, what, timeout)
     while True:
-        try:
-            result = predicate()
-        except AssertionError as exc:
-            seen.failure(exc)
-        else:
-            if result:
+        with wait.attempt():
+            if result := predicate():
                 return result
-            seen.value(result)
-        if time.monotonic() > deadline:
-            raise _timed_out(timeout, what, predicate, seen)
+            wait.saw(result)
         time.sleep(interval)
