@@ -10,16 +10,17 @@ seconds (default 60).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 
-from kubelet_dra import settings
-from kubelet_dra.testing import FakeApiServer, make_claim, make_pod
+from kubelet_dra import manager, settings
+from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually, make_claim, make_pod
 from tests.integration._sidecar_process import pod_health, settings_for
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "NODE",
     "World",
     "add_pod",
+    "converged",
     "manager_settings",
     "open_fds",
     "pod_health",
@@ -121,6 +123,12 @@ class World:
                 wrong[pod] = seen
         return wrong
 
+    def converged(self, api: FakeApiServer) -> bool:
+        """For ``eventually``: true once no pod is wrong; until then it says which are."""
+        wrong = self.wrong_pods(api)
+        assert not wrong, f"pods not yet as reported (resourceID -> health, message): {wrong}"
+        return True
+
 
 def unknown_writes(api: FakeApiServer, since: float = 0.0) -> list[str]:
     """Accepted status writes (after ``since``) giving a resource ``health: Unknown``."""
@@ -162,6 +170,20 @@ def manager_settings(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) ->
         "registration_backoff_max": 0.5,
     }
     return settings_for(sockdir, api, **{**quick, **extra})
+
+
+@contextlib.asynccontextmanager
+async def converged(
+    api: FakeApiServer, sockdir: pathlib.Path, world: World
+) -> AsyncIterator[tuple[FakeDriver, manager.DRAHealthManager]]:
+    """A driver reporting ``world`` and a manager on ``api``, once every pod shows it."""
+    async with (
+        FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver,
+        manager.DRAHealthManager(manager_settings(sockdir, api)) as mgr,
+    ):
+        await driver.set_health(*world.reports())
+        await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
+        yield driver, mgr
 
 
 def names(prefix: str, count: int) -> Sequence[str]:

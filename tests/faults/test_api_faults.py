@@ -91,13 +91,13 @@ async def test_api_fault_every_pod_ends_exact_without_a_retry_storm(
     cfg = fx.manager_settings(sockdir, api)
     async with driver, manager.DRAHealthManager(cfg) as mgr:
         await driver.set_health(*world.reports(), resend=1.0)
-        await eventually(lambda: not world.wrong_pods(api), what="first convergence", timeout=15)
+        await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
         api.reset_log()
         peak = _PeakPending(mgr)
         async with peak:
             await during()
             await eventually(
-                lambda: not world.wrong_pods(api), what=f"convergence after {fault}", timeout=30
+                lambda: world.converged(api), what=f"convergence after {fault}", timeout=30
             )
         _report(fault, api, world, peak.value)
 
@@ -109,7 +109,7 @@ async def test_watch_410_gone_relists_and_every_pod_ends_exact(
     cfg = fx.manager_settings(sockdir, api)
     async with driver, manager.DRAHealthManager(cfg) as mgr:
         await driver.set_health(*world.reports(), resend=1.0)
-        await eventually(lambda: not world.wrong_pods(api), what="first convergence", timeout=15)
+        await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
         api.reset_log()
         gone = 0
         async with _PeakPending(mgr) as peak:
@@ -130,7 +130,7 @@ async def test_watch_410_gone_relists_and_every_pod_ends_exact(
                 )
                 gone = _lists(api)
             await eventually(
-                lambda: not world.wrong_pods(api), what="convergence after 410s", timeout=30
+                lambda: world.converged(api), what="convergence after 410s", timeout=30
             )
         relists = sum(1 for r in api.requests if r.path.endswith("/pods") and not r.is_watch)
         assert relists >= 3, relists
@@ -163,9 +163,7 @@ async def test_api_server_down_connection_refused_then_back(
     try:
         async with driver, manager.DRAHealthManager(cfg) as mgr:
             await driver.set_health(*world.reports(), resend=1.0)
-            await eventually(
-                lambda: not world.wrong_pods(api), what="first convergence", timeout=15
-            )
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
             api.reset_log()
             async with _PeakPending(mgr) as peak:
                 proxy.down()
@@ -179,7 +177,7 @@ async def test_api_server_down_connection_refused_then_back(
                 up_at = time.monotonic()
                 try:
                     await eventually(
-                        lambda: not world.wrong_pods(api),
+                        lambda: world.converged(api),
                         what="convergence after outage",
                         timeout=60,
                     )

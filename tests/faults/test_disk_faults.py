@@ -85,9 +85,7 @@ async def test_read_only_state_dir_at_start_serves_from_memory_then_persists(
         async with FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver:
             await driver.set_health(*world.reports())
             async with manager.DRAHealthManager(cfg):
-                await eventually(
-                    lambda: not world.wrong_pods(api), what="first convergence", timeout=15
-                )
+                await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
             before = _stored(state)
             if mounted:
                 assert _mount("-o", "remount,ro", str(state))
@@ -103,7 +101,7 @@ async def test_read_only_state_dir_at_start_serves_from_memory_then_persists(
                     world.mutate(PODS)
                     await driver.set_health(*world.reports())
                     await eventually(
-                        lambda: not world.wrong_pods(api), what="served from memory", timeout=15
+                        lambda: world.converged(api), what="served from memory", timeout=15
                     )
                     if mounted:
                         assert _mount("-o", "remount,rw", str(state))
@@ -140,9 +138,7 @@ async def test_disk_full_serves_from_memory_says_so_and_persists_when_space_retu
             manager.DRAHealthManager(cfg) as mgr,
         ):
             await driver.set_health(*world.reports())
-            await eventually(
-                lambda: not world.wrong_pods(api), what="first convergence", timeout=15
-            )
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
             _fill(filler)
             assert mgr.store is not None
             db = mgr.store  # the manager's store object lives as long as the manager
@@ -160,9 +156,7 @@ async def test_disk_full_serves_from_memory_says_so_and_persists_when_space_retu
             assert _degraded_metric(mgr) == 1.0
             world.mutate(PODS)
             await driver.set_health(*world.reports())
-            await eventually(
-                lambda: not world.wrong_pods(api), what="served from memory", timeout=15
-            )
+            await eventually(lambda: world.converged(api), what="served from memory", timeout=15)
             filler.unlink()
             await eventually(lambda: not db.degraded, what="space again", timeout=10)
             await eventually(
@@ -188,14 +182,8 @@ async def test_cache_file_deleted_under_the_process_is_noticed_and_written_again
 ) -> None:
     state = sockdir / "state"
     world = _world(api, 3)
-    cfg = fx.manager_settings(sockdir, api)
     caplog.set_level(logging.INFO)
-    async with (
-        FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver,
-        manager.DRAHealthManager(cfg) as mgr,
-    ):
-        await driver.set_health(*world.reports())
-        await eventually(lambda: not world.wrong_pods(api), what="first convergence", timeout=15)
+    async with fx.converged(api, sockdir, world) as (driver, mgr):
         await eventually(lambda: mgr.store is not None and mgr.store.pending == 0, timeout=5)
         if what == "directory":
             shutil.rmtree(state)
@@ -212,7 +200,7 @@ async def test_cache_file_deleted_under_the_process_is_noticed_and_written_again
         assert mgr.store_errors >= 1
         world.mutate(PODS)
         await driver.set_health(*world.reports())
-        await eventually(lambda: not world.wrong_pods(api), what="pods after deletion", timeout=15)
+        await eventually(lambda: world.converged(api), what="pods after deletion", timeout=15)
         await eventually(lambda: mgr.store is not None and mgr.store.pending == 0, timeout=5)
         assert _stored(state) == _reported(world)
     assert _stored(state) == _reported(world)
@@ -223,13 +211,7 @@ async def test_state_dir_replaced_by_a_file_reports_degraded_until_it_is_back(
 ) -> None:
     state = sockdir / "state"
     world = _world(api, 4)
-    cfg = fx.manager_settings(sockdir, api)
-    async with (
-        FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver,
-        manager.DRAHealthManager(cfg) as mgr,
-    ):
-        await driver.set_health(*world.reports())
-        await eventually(lambda: not world.wrong_pods(api), what="first convergence", timeout=15)
+    async with fx.converged(api, sockdir, world) as (driver, mgr):
         shutil.rmtree(state)
         state.write_text("not a directory")
         await eventually(lambda: mgr.readiness()["store"] != "ok", what="degraded", timeout=5)
@@ -238,7 +220,7 @@ async def test_state_dir_replaced_by_a_file_reports_degraded_until_it_is_back(
         assert _degraded_metric(mgr) == 1.0
         world.mutate(PODS)
         await driver.set_health(*world.reports())
-        await eventually(lambda: not world.wrong_pods(api), what="served from memory", timeout=15)
+        await eventually(lambda: world.converged(api), what="served from memory", timeout=15)
         state.unlink()
         await eventually(
             lambda: mgr.readiness()["store"] == "ok", what="persisting again", timeout=10

@@ -78,9 +78,7 @@ async def test_driver_stopped_and_restarted_with_sockets_removed(
     await driver.set_health(*world.reports())
     try:
         async with manager.DRAHealthManager(cfg):
-            await eventually(
-                lambda: not world.wrong_pods(api), what="first convergence", timeout=10
-            )
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=10)
             leaks = _Leaks()
             for _ in range(rounds):
                 await driver.stop()
@@ -90,7 +88,7 @@ async def test_driver_stopped_and_restarted_with_sockets_removed(
                 world.mutate()
                 await driver.start()
                 await driver.set_health(*world.reports())
-                await eventually(lambda: not world.wrong_pods(api), what="recovery", timeout=10)
+                await eventually(lambda: world.converged(api), what="recovery", timeout=10)
             await _settle()
             summary = leaks.check()
     finally:
@@ -106,9 +104,7 @@ async def test_driver_process_sigkilled_leaving_its_sockets_and_restarted(
     cfg = fx.manager_settings(sockdir, api)
     async with manager.DRAHealthManager(cfg):
         async with _driver_process(sockdir, world):
-            await eventually(
-                lambda: not world.wrong_pods(api), what="first convergence", timeout=15
-            )
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
             leaks = _Leaks()
         for _ in range(rounds):
             # The SIGKILL left both sockets on disk: only the stream notices.
@@ -118,7 +114,7 @@ async def test_driver_process_sigkilled_leaving_its_sockets_and_restarted(
             )
             world.mutate()
             async with _driver_process(sockdir, world):
-                await eventually(lambda: not world.wrong_pods(api), what="recovery", timeout=15)
+                await eventually(lambda: world.converged(api), what="recovery", timeout=15)
         await eventually(
             lambda: _all_unknown(api, world), what="Unknown after the last SIGKILL", timeout=10
         )
@@ -138,9 +134,7 @@ async def test_rolling_upgrades_never_show_unknown(
     await old.set_health(*world.reports())
     try:
         async with manager.DRAHealthManager(cfg) as mgr:
-            await eventually(
-                lambda: not world.wrong_pods(api), what="first convergence", timeout=10
-            )
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=10)
             since = time.time()
             leaks = _Leaks()
             for generation in range(1, rounds + 1):
@@ -152,7 +146,7 @@ async def test_rolling_upgrades_never_show_unknown(
                     lambda: len(mgr.plugins.endpoints) == 2, what="overlap", timeout=10
                 )
                 await eventually(
-                    lambda: not world.wrong_pods(api), what="new endpoint's report", timeout=10
+                    lambda: world.converged(api), what="new endpoint's report", timeout=10
                 )
                 await old.stop()
                 await eventually(

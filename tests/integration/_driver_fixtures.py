@@ -64,6 +64,15 @@ def make_settings(
 wait_until = eventually
 
 
+def rss_mb() -> float:
+    """This process's resident memory, in MB (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
 class Changes:
     """An ``on_change`` callback that records every call."""
 

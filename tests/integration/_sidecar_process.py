@@ -14,6 +14,7 @@ import os
 import pathlib
 import re
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -49,6 +50,7 @@ __all__ = [
     "health_of",
     "http_get",
     "pod_health",
+    "run_python",
     "settings_for",
 ]
 T = TypeVar("T")
@@ -65,6 +67,21 @@ def base_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
+
+
+def run_python(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``python *argv`` from the checkout, as a user would run it; it must exit 0."""
+    done = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
 
 
 def cluster(api: FakeApiServer) -> None:

@@ -13,8 +13,7 @@ import pathlib
 import random
 from typing import Any
 
-from kubelet_dra import manager
-from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually, make_claim, make_pod
+from kubelet_dra.testing import FakeApiServer, eventually, make_claim, make_pod
 
 from ..faults import _faults as fx
 
@@ -72,19 +71,13 @@ async def test_odd_pods_and_claims_never_stop_the_good_ones(
         world.pods[f"good-{i}"] = i
     odd = _odd_objects(api)
     api.create_pod(make_pod("elsewhere", "node-2", claims=["mixed"]))
-    cfg = fx.manager_settings(sockdir, api)
-    async with (
-        FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver,
-        manager.DRAHealthManager(cfg) as mgr,
-    ):
-        await driver.set_health(*world.reports())
-        await eventually(lambda: not world.wrong_pods(api), what="first convergence", timeout=15)
+    async with fx.converged(api, sockdir, world) as (driver, mgr):
         api.delete_claim("default", "deleted-later")
         for _ in range(3):
             world.mutate()
             await driver.set_health(*world.reports())
             await eventually(
-                lambda: not world.wrong_pods(api), what="good pods after a change", timeout=15
+                lambda: world.converged(api), what="good pods after a change", timeout=15
             )
         mixed = fx.pod_health(api, "mixed")
         assert mixed.get(fx.resource_id(2)) == world.expected_health(2)

@@ -22,7 +22,7 @@ import pytest
 from kubelet_dra import clock, healthinfo, plugins, registration
 from kubelet_dra.testing import eventually
 
-from ._driver_fixtures import Changes, make_settings
+from ._driver_fixtures import Changes, make_settings, rss_mb
 
 SENDER = r"""
 import sys, time
@@ -53,14 +53,6 @@ server.wait_for_termination()
 """
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.parametrize(
     ("count", "reason"),
     [
@@ -86,7 +78,7 @@ async def test_huge_report_is_refused_with_a_reason_and_memory_stays_bounded(
         )
         cache = healthinfo.HealthCache()
         settings = make_settings(stream_backoff_initial=5.0)
-        before = peak = _rss_mb()
+        before = peak = rss_mb()
         async with plugins.PluginManager(
             cache, settings=settings, clock=clock.SystemClock(), on_change=Changes()
         ) as mgr:
@@ -94,7 +86,7 @@ async def test_huge_report_is_refused_with_a_reason_and_memory_stays_bounded(
 
             def refused() -> int:
                 nonlocal peak
-                peak = max(peak, _rss_mb())
+                peak = max(peak, rss_mb())
                 count = mgr.refused.get(("huge.example.com", reason), 0)
                 assert count, f"refused so far: {dict(mgr.refused)}"
                 return count
