@@ -109,10 +109,34 @@ def test_helm_is_the_pinned_release(helm_bin: Path) -> None:
 # -- the default rendering is deploy/ ------------------------------------------------
 
 
-def test_default_rendering_equals_deploy(default: list[Obj]) -> None:
-    """Same objects, field for field; the only difference is Helm's labels (documented)."""
-    rendered = {_key(o): o for o in default}
-    expected = {_key(o): o for o in deploy_objects()}
+def _is_taint_policy(obj: Obj) -> bool:
+    rules = obj.get("spec", {}).get("matchConstraints", {}).get("resourceRules", [])
+    return any("devicetaintrules" in r.get("resources", []) for r in rules)
+
+
+def _without_taint_bridge(objects: list[Obj]) -> list[Obj]:
+    """``objects`` less the taint bridge's permissions: the ClusterRole's rule on
+    devicetaintrules and the admission policy (and binding) on them. deploy/ carries them
+    whether or not the bridge is on (issue 13); the chart only with taint.effect set."""
+    objects = copy.deepcopy(objects)
+    policies = {o["metadata"]["name"] for o in objects if _is_taint_policy(o)}
+    kept = []
+    for obj in objects:
+        if obj["metadata"]["name"] in policies:
+            continue
+        if obj["kind"] == "ValidatingAdmissionPolicyBinding" and (
+            obj["spec"]["policyName"] in policies
+        ):
+            continue
+        if obj["kind"] == "ClusterRole":
+            obj["rules"] = [r for r in obj["rules"] if "devicetaintrules" not in r["resources"]]
+        kept.append(obj)
+    return kept
+
+
+def _assert_equal_but_helm_labels(rendered_objects: list[Obj], expected_objects: list[Obj]) -> None:
+    rendered = {_key(o): o for o in rendered_objects}
+    expected = {_key(o): o for o in expected_objects}
     assert sorted(rendered) == sorted(expected)
     for key, obj in rendered.items():
         want = expected[key]
@@ -123,6 +147,26 @@ def test_default_rendering_equals_deploy(default: list[Obj]) -> None:
         for label in HELM_LABELS:
             del stripped["metadata"]["labels"][label]
         assert stripped == want, f"{key} differs from deploy/"
+
+
+def test_default_rendering_equals_deploy(default: list[Obj]) -> None:
+    """Same objects, field for field; the only difference is Helm's labels (documented),
+    and the taint bridge's permissions, which the chart renders only when it is on."""
+    _assert_equal_but_helm_labels(default, _without_taint_bridge(deploy_objects()))
+
+
+def test_taint_rendering_equals_deploy(helm_bin: Path) -> None:
+    """With the bridge on, the permissions of deploy/ are all there; the DaemonSet differs
+    from deploy/ only by the variable that turns the bridge on."""
+    deployed = deploy_objects()
+    if _without_taint_bridge(deployed) == deployed:
+        pytest.skip("deploy/ has no taint bridge permissions yet (issue 13)")
+    rendered = render(helm_bin, {"taint": {"effect": "NoSchedule"}})
+    container = _container(rendered)
+    turned_on = {"name": "KUBELET_DRA_TAINT_EFFECT", "value": "NoSchedule"}
+    assert container["env"][-1] == turned_on
+    container["env"].pop()
+    _assert_equal_but_helm_labels(rendered, deployed)
 
 
 def test_default_rendering_matches_kubernetes_models(default: list[Obj]) -> None:
@@ -286,7 +330,9 @@ def _check_taint(objects: list[Obj]) -> None:
     )(objects)
     rules = one(objects, "ClusterRole")["rules"]
     assert rules[-1] == TAINT_RULE
-    assert rules[:-1] == one(deploy_objects(), "ClusterRole")["rules"]
+    assert rules[:-1] == one(_without_taint_bridge(deploy_objects()), "ClusterRole")["rules"]
+    names = {o["metadata"]["name"] for o in objects if o["kind"].startswith("ValidatingAdm")}
+    assert names == {"kubelet-dra-health-own-node", "kubelet-dra-health-own-node-taints"}
 
 
 def _check_metrics_address(objects: list[Obj]) -> None:
@@ -611,21 +657,6 @@ def test_taint_effect_alone(helm_bin: Path, effect: str) -> None:
     assert TAINT_RULE in one(objects, "ClusterRole")["rules"]
 
 
-def test_taint_rule_matches_deploy_when_deploy_has_one(helm_bin: Path) -> None:
-    """Once deploy/ grants devicetaintrules (issue 13), the chart must grant the same verbs."""
-    deployed = [
-        r
-        for r in one(deploy_objects(), "ClusterRole")["rules"]
-        if "devicetaintrules" in r["resources"]
-    ]
-    if not deployed:
-        pytest.skip("deploy/clusterrole.yaml has no devicetaintrules rule yet")
-    rendered = render(helm_bin, {"taint": {"effect": "NoSchedule"}})
-    assert [
-        r for r in one(rendered, "ClusterRole")["rules"] if "devicetaintrules" in r["resources"]
-    ] == deployed
-
-
 # -- what the sidecar makes of a rendering ------------------------------------------
 
 
@@ -717,6 +748,47 @@ def test_admission_policy_follows_the_release(helm_bin: Path) -> None:
         test_deploy._pod("node-b"),
     )
     assert (admitted, message) == (True, "not matched")
+
+
+def _taint_rule(node: str, managed_by: str = "kubelet-dra-health") -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "metadata": {
+            "name": f"{node}-gpu-0",
+            "labels": {"kubelet-dra.io/node": node, "app.kubernetes.io/managed-by": managed_by},
+        },
+        "spec": {"taint": {"key": "kubelet-dra.io/unhealthy", "effect": "NoSchedule"}},
+    }
+
+
+def test_taint_admission_policy_follows_the_release(helm_bin: Path) -> None:
+    """The taint policy's CEL, for release "gpu-health" in namespace "ops": the account
+    creates rules labelled with its own node only."""
+    if test_deploy.celpy is None:
+        pytest.skip("cel-python (import celpy) is not installed")
+    objects = render(
+        helm_bin, {"taint": {"effect": "NoSchedule"}}, release="gpu-health", namespace="ops"
+    )
+    (vap,) = [
+        o
+        for o in by_kind(objects)["ValidatingAdmissionPolicy"]
+        if o["metadata"]["name"] == "gpu-health-kubelet-dra-health-own-node-taints"
+    ]
+    assert _is_taint_policy(vap)
+    user = "system:serviceaccount:ops:gpu-health-kubelet-dra-health"
+    request = test_deploy._request(user, test_deploy._token_extra("node-a"))
+    request |= {"operation": "CREATE", "subResource": "", "namespace": ""}
+    admitted, message = test_deploy._evaluate(vap, request, _taint_rule("node-a"), {})
+    assert admitted, message
+    admitted, message = test_deploy._evaluate(vap, request, _taint_rule("node-b"), {})
+    assert not admitted
+    assert 'is labelled for node "node-b"' in message
+    admitted, _ = test_deploy._evaluate(vap, request, _taint_rule("node-a", "someone-else"), {})
+    assert not admitted
+    # Other users are not matched.
+    other = request | {"userInfo": {"username": test_deploy.SA_USERNAME}}
+    assert test_deploy._evaluate(vap, other, _taint_rule("node-b"), {}) == (True, "not matched")
 
 
 # -- the schema -----------------------------------------------------------------------
