@@ -12,6 +12,9 @@ If ``go`` is missing, or the modules cannot be downloaded (no module proxy), ``e
 raises :class:`BuildUnavailable` with a reason meant for ``pytest.skip``; a compile error
 raises :class:`BuildFailed`, which should fail the run.
 
+The command-line tools of the deploy tests (helm, promtool; :data:`TOOL_ARTIFACTS`) are
+built the same way from modules under ``tests/tools`` that pin an upstream command.
+
 Run ``python tests/interop/_build.py [name ...]`` to prebuild and print the build times.
 """
 
