@@ -37,15 +37,17 @@ class HelmError(Exception):
 
 
 def run_helm(helm: Path, *args: str, timeout: float = 120) -> str:
-    proc = subprocess.run(
-        [str(helm), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        # No repository or plugin configuration of the user's leaks in.
-        env={"HOME": tempfile.gettempdir(), "HELM_CACHE_HOME": tempfile.gettempdir()},
-    )
+    # A home of its own: no repository, plugin or registry configuration of the user's
+    # leaks in, and nothing is left behind.
+    with tempfile.TemporaryDirectory(prefix="helm-home-") as home:
+        proc = subprocess.run(
+            [str(helm), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env={"HOME": home, "PATH": "/usr/bin:/bin"},
+        )
     if proc.returncode != 0:
         raise HelmError(proc.stderr.strip() or proc.stdout.strip())
     return proc.stdout

@@ -106,6 +106,14 @@ def test_helm_is_the_pinned_release(helm_bin: Path) -> None:
         assert out.startswith("v4.3.2"), out
 
 
+def test_chart_requires_kubernetes_1_30(helm_bin: Path) -> None:
+    """The admission policy needs ValidatingAdmissionPolicy v1 and node-bound tokens."""
+    args = ["template", "x", str(CHART), "--kube-version"]
+    assert "kind: DaemonSet" in run_helm(helm_bin, *args, "1.30.0")
+    with pytest.raises(HelmError, match=r"requires kubeVersion: >=1\.30\.0-0"):
+        run_helm(helm_bin, *args, "1.29.5")
+
+
 # -- the default rendering is deploy/ ------------------------------------------------
 
 
