@@ -8,6 +8,11 @@ ValidatingAdmissionPolicy's CEL) without storing it. Only the
 namespace is created for real, since namespaced objects cannot be dry-run into a namespace
 that does not exist. (Priority classes are resolved for pods, not for a DaemonSet's template.)
 
+Last, a rendering for another release is created for real (all but the DaemonSet): with
+a token of the chart's service account bound to a pod on a node, a status write to a pod
+on another node is denied by the chart's policy and one on its own node is allowed by the
+chart's RBAC.
+
 The ServiceMonitor and PrometheusRule need the Prometheus Operator's CRDs, which this API
 server does not have: that test skips, saying so. Their shape is checked by
 ``tests/deploy/test_helm_chart.py``.
@@ -15,6 +20,7 @@ server does not have: that test skips, saying so. Their shape is checked by
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,8 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from tests.deploy._chart import Obj, render
 
 from ._apiserver import KubeApiServer
+from ._cluster import RealCluster, poll
+from .test_interop_vap import workloads, write_condition
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(180)]
 
@@ -212,3 +220,63 @@ def test_monitoring_objects_need_the_operator_crds(helm_bin: Path, dynamic: Dyna
     _apply_rendering(dynamic, objects)
     for obj in monitoring:
         _apply(dynamic, obj)
+
+
+# -- a rendering installed for real: its RBAC and admission policy at work ------------
+
+REAL_RELEASE = REAL_NAMESPACE = "kdh-real"
+REAL_ACCOUNT = f"{REAL_RELEASE}-kubelet-dra-health"
+
+
+def _node_bound_token(cluster: RealCluster, node: str) -> str:
+    """A token of the chart's service account bound to a (new) sidecar pod on ``node``."""
+    pod = cluster.create_pod(
+        {
+            "metadata": {"name": f"sidecar-{node}", "namespace": REAL_NAMESPACE},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": REAL_ACCOUNT,
+                "containers": [{"name": "sidecar", "image": "registry.invalid/sidecar:1"}],
+            },
+        }
+    )
+    bound = {"kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"]}
+    request = {"spec": {"audiences": [], "boundObjectRef": bound | {"uid": pod["metadata"]["uid"]}}}
+    answer = cluster.core.create_namespaced_service_account_token(
+        REAL_ACCOUNT, REAL_NAMESPACE, request
+    )
+    return str(answer.status.token)
+
+
+def test_installed_rendering_limits_status_writes_to_own_node(
+    helm_bin: Path, dynamic: DynamicClient, kube_apiserver: KubeApiServer
+) -> None:
+    """The chart's ClusterRole, binding and policy for release "kdh-real" (names and the
+    account the policy matches all derived from the release), created for real: the
+    sidecar's node-bound token may write the status of its own node's pods only."""
+    objects = render(helm_bin, release=REAL_RELEASE, namespace=REAL_NAMESPACE)
+    for obj in objects:
+        if obj["kind"] != "DaemonSet":  # nothing runs pods here; the rest is what matters
+            _apply(dynamic, obj, dry_run=False)
+    cluster = RealCluster(kube_apiserver)
+    try:
+        own, other = f"node-{uuid.uuid4().hex[:8]}", f"node-{uuid.uuid4().hex[:8]}"
+        namespace = workloads(cluster, own, other)
+        token = _node_bound_token(cluster, own)
+        # The policy takes effect once the API server's policy informer has seen it.
+        _, denied = poll(
+            lambda: (
+                (r := write_condition(cluster, token, namespace, "on-other-node"))[0] == 403 and r
+            ),
+            15,
+            "the chart's policy to deny a write to another node's pod",
+        )
+        assert f"ValidatingAdmissionPolicy '{REAL_ACCOUNT}-own-node'" in denied["message"]
+        assert (
+            f"may write the status only of pods on its own node; pod {namespace}/on-other-node"
+            in (denied["message"])
+        )
+        # RBAC from the chart's ClusterRole and binding lets the own-node write through.
+        assert write_condition(cluster, token, namespace, "on-own-node") == (200, {})
+    finally:
+        cluster.close()
