@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.interop import _build
+
 from . import _monitoring
 from ._monitoring import MONITORING, ROOT
 
@@ -53,6 +55,13 @@ def _promtool(promtool: Path, *args: str, cwd: Path) -> subprocess.CompletedProc
 
 
 # -- promtool -----------------------------------------------------------------------
+
+
+def test_promtool_is_the_pinned_release(promtool_bin: Path) -> None:
+    proc = _promtool(promtool_bin, "--version", cwd=MONITORING)
+    if not promtool_bin.is_relative_to(_build.cache_root()):
+        pytest.skip(f"promtool from PATH ({proc.stdout.splitlines()[0]}), not the pinned build")
+    assert proc.stdout.startswith("promtool, version 3.16.0 "), proc.stdout
 
 
 def test_promtool_check_rules(promtool_bin: Path) -> None:
