@@ -36,17 +36,20 @@ class HelmError(Exception):
     """helm exited non-zero; the message is its stderr."""
 
 
-def run_helm(helm: Path, *args: str, timeout: float = 120) -> str:
+def run_helm(helm: Path, *args: str, timeout: float = 120, kubeconfig: Path | None = None) -> str:
     # A home of its own: no repository, plugin or registry configuration of the user's
-    # leaks in, and nothing is left behind.
+    # leaks in, and nothing is left behind. No cluster unless ``kubeconfig`` names one.
     with tempfile.TemporaryDirectory(prefix="helm-home-") as home:
+        env = {"HOME": home, "PATH": "/usr/bin:/bin"}
+        if kubeconfig is not None:
+            env["KUBECONFIG"] = str(kubeconfig)
         proc = subprocess.run(
             [str(helm), *args],
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
-            env={"HOME": home, "PATH": "/usr/bin:/bin"},
+            env=env,
         )
     if proc.returncode != 0:
         raise HelmError(proc.stderr.strip() or proc.stdout.strip())

@@ -13,6 +13,10 @@ a token of the chart's service account bound to a pod on a node, a status write 
 on another node is denied by the chart's policy and one on its own node is allowed by the
 chart's RBAC.
 
+And the real ``helm install``, ``upgrade`` and ``uninstall`` against that API server, as
+docs/operations.md tells users (``--create-namespace``; an existing namespace with
+``namespace.create=false``).
+
 The ServiceMonitor and PrometheusRule need the Prometheus Operator's CRDs, which this API
 server does not have: that test skips, saying so. Their shape is checked by
 ``tests/deploy/test_helm_chart.py``.
@@ -30,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-from tests.deploy._chart import Obj, render
+from tests.deploy._chart import CHART, HelmError, Obj, render, run_helm
 
 from ._apiserver import KubeApiServer
 from ._cluster import RealCluster, poll
@@ -280,3 +284,77 @@ def test_installed_rendering_limits_status_writes_to_own_node(
         assert write_condition(cluster, token, namespace, "on-own-node") == (200, {})
     finally:
         cluster.close()
+
+
+# -- helm install, upgrade and uninstall against the real API server ----------------
+
+
+def test_helm_install_upgrade_uninstall(
+    helm_bin: Path, dynamic: DynamicClient, kube_apiserver: KubeApiServer
+) -> None:
+    """The real helm against the real API server, as docs/operations.md tells users to.
+
+    Without --create-namespace the install fails (Helm stores its release record in the
+    namespace before creating anything); with it, the chart's Namespace object takes the
+    namespace over and labels it for Pod Security.
+    """
+    release, namespace = "kdh-cli", "kdh-cli"
+    chart = str(CHART)
+    config = kube_apiserver.kubeconfig
+
+    def helm(*args: str) -> str:
+        return run_helm(helm_bin, *args, "--namespace", namespace, kubeconfig=config)
+
+    with pytest.raises(HelmError, match=f'namespaces "{namespace}" not found'):
+        helm("install", release, chart)
+    out = helm("install", release, chart, "--create-namespace", "--set", "image.tag=0.1.0")
+    assert "STATUS: deployed" in out
+    core = dynamic.resources.get(api_version="v1", kind="Namespace")
+    labels = core.get(name=namespace).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["app.kubernetes.io/managed-by"] == "Helm"
+    daemonsets = dynamic.resources.get(api_version="apps/v1", kind="DaemonSet")
+    name = f"{release}-kubelet-dra-health"
+    assert daemonsets.get(name=name, namespace=namespace).metadata.name == name
+
+    out = helm("upgrade", release, chart, "--reuse-values", "--set", "sidecar.healthTimeout=45")
+    assert "REVISION: 2" in out
+    container = daemonsets.get(name=name, namespace=namespace).spec.template.spec.containers[0]
+    env = {e.name: e.value for e in container.env}
+    assert env["KUBELET_DRA_HEALTH_TIMEOUT"] == "45"
+
+    assert f'release "{release}" uninstalled' in helm("uninstall", release)
+    roles = dynamic.resources.get(api_version="rbac.authorization.k8s.io/v1", kind="ClusterRole")
+    for resource, obj_name, obj_namespace in (
+        (daemonsets, name, namespace),
+        (roles, name, None),
+    ):
+        with pytest.raises(ApiException) as gone:
+            resource.get(name=obj_name, namespace=obj_namespace)
+        assert gone.value.status == 404
+
+
+def test_helm_install_into_an_existing_namespace(
+    helm_bin: Path, kube_apiserver: KubeApiServer
+) -> None:
+    """A namespace made by someone else is not taken over; namespace.create=false works."""
+    namespace = f"kdh-own-{uuid.uuid4().hex[:6]}"
+    cluster = RealCluster(kube_apiserver)
+    try:
+        cluster.ensure_namespace(namespace)
+    finally:
+        cluster.close()
+
+    def helm(*args: str) -> str:
+        return run_helm(
+            helm_bin, *args, "--namespace", namespace, kubeconfig=kube_apiserver.kubeconfig
+        )
+
+    with pytest.raises(HelmError, match="invalid ownership metadata"):
+        helm("install", "kdh-a", str(CHART))
+    out = helm(
+        "install", "kdh-b", str(CHART), "--set", "namespace.create=false",
+        "--set", "fullnameOverride=kdh-b",
+    )  # fmt: skip
+    assert "STATUS: deployed" in out
+    helm("uninstall", "kdh-b")
