@@ -374,6 +374,7 @@ class DRAHealthManager:
                 **self.plugins.refused,
                 **{(d, healthinfo.CAP_REASON): n for d, n in self.cache.refused.items()},
             },
+            registrations_refused=dict(self.watcher.refused) if self.watcher else {},
             devices=dict(devices),
             lease_expiries=self.plugins.lease_expiries + self._expired_at_start,
             pod_writes={**dict.fromkeys(POD_WRITE_RESULTS, 0), **(stats.results if stats else {})},
