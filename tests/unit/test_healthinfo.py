@@ -495,3 +495,18 @@ def test_stream_end_deletes_the_records_in_memory_and_on_disk(tmp_path) -> None:
     again = store.HealthStore.open(tmp_path)
     assert again.load() == []
     again.close()
+
+
+def test_message_cut_at_a_character_boundary_is_a_deliberate_difference() -> None:
+    # Reference section 9.4: the kubelet (up to v1.38.0-beta.0) keeps 1021 bytes
+    # even inside a multi-byte character; 600 x "é" (1200 bytes) becomes 510 x
+    # "é", half of the 511th, and "...". We drop the half character instead.
+    message = "é" * 600
+    kubelet = message.encode()[:1021] + b"..."
+    assert len(kubelet) == 1024
+    with pytest.raises(UnicodeDecodeError):
+        kubelet.decode("utf-8")  # the kubelet's cut is not valid UTF-8
+    ours = healthinfo.truncate_message(message)
+    assert ours == "é" * 510 + "..."
+    assert len(ours.encode()) == 1023  # one byte shorter than the kubelet's
+    assert kubelet.startswith(ours[:-3].encode())  # same text up to the cut
