@@ -44,6 +44,7 @@ from kubelet_dra import (
     podstatus,
     registration,
     store,
+    taintbridge,
 )
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
@@ -113,6 +114,8 @@ class DRAHealthManager:
         self.watcher: registration.RegistryWatcher | None = None
         self.writer: kube.StatusWriter | None = None
         self.pods: kube.NodePods | None = None
+        self.taints: taintbridge.TaintBridge | None = None
+        """The taint bridge, when ``settings.taint_effect`` is not ``off`` (API mode only)."""
         self.store_errors = 0
         self._expired_at_start = 0
         self.store_commit_latency: Callable[[float], None] = lambda seconds: None
@@ -254,6 +257,10 @@ class DRAHealthManager:
         node = self.settings.node_name
         if not node:
             raise errors.ConfigError("node name is required to watch the node's pods")
+        # One QPS/burst budget for every write: pod status first, taint rules after.
+        budget = taintbridge.SharedBudget(
+            qps=self.settings.api_qps, burst=self.settings.api_burst, clock=self.clock
+        )
         self.writer = kube.StatusWriter(
             api=api,
             node_name=node,
@@ -261,12 +268,29 @@ class DRAHealthManager:
             health=self.cache.get,
             config=self.settings,
             clock=self.clock,
+            limiter=budget,
         )
         self.pods = kube.NodePods(
             api=api, node_name=node, index=self.index, writer=self.writer, clock=self.clock
         )
         self._spawn(self._after_priming(self.writer.run()), "status-writer")
         self._spawn(self.pods.run(), "node-pods")
+        self._start_taints(client, budget)
+
+    def _start_taints(self, client: Any, budget: taintbridge.SharedBudget) -> None:
+        """The taint bridge (docs/remediation.md), if an effect is configured."""
+        if self.settings.taint_effect is settings_mod.TaintEffect.OFF:
+            return
+        self.taints = taintbridge.TaintBridge(
+            client=client,
+            node=self.settings.node_name,
+            settings=self.settings,
+            clock=self.clock,
+            health=self.cache.get,
+            devices=lambda: [key for key, _ in self.cache.records()],
+            budget=budget,
+        )
+        self._spawn(self._after_priming(self.taints.run()), "taint-bridge")
 
     async def _drain_writer(self, *, timeout: float) -> None:
         if self.writer is None or not self.writer.stats.pending:
@@ -288,6 +312,8 @@ class DRAHealthManager:
         )
         if self.writer is not None:
             self.writer.mark_dirty(pods)
+        if self.taints is not None:
+            self.taints.observe(changed)
         if self._on_status is not None and pods:
             self._agent_dirty |= pods
             self._agent_wake.set()
@@ -380,6 +406,7 @@ class DRAHealthManager:
             store_errors=self.store_errors,
             api_field_dropped=bool(stats and stats.gate_off),
             now=now,
+            taints=self.taints.metric_state() if self.taints is not None else None,
         )
 
     def _drain_write_latencies(self) -> None:
@@ -407,6 +434,8 @@ class DRAHealthManager:
         elif self._on_status is None:
             # API mode before the watches start: not ready, however the store is.
             checks["pods"] = checks["claims"] = "not started"
+        if self.taints is not None:
+            checks["taints"] = self.taints.readiness()
         return checks
 
 
