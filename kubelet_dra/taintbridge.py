@@ -127,6 +127,7 @@ class TaintBridge:
         self.version: str | None = None
         self.writes: collections.Counter[tuple[str, str]] = collections.Counter()
         self.tracks: dict[models.DeviceKey, taints.Track] = {}
+        self.rounds = 0  # reconcile rounds done (tests wait on it)
         self.events = kube.EventRecorder(node=node, clock=clock, interval=settings.event_interval)
         self._client, self._clock, self._health, self._devices = client, clock, health, devices
         self._budget = budget or SharedBudget(
@@ -270,6 +271,7 @@ class TaintBridge:
                 continue
             await self._save()
             await self.events.flush(self._create_event, self._patch_event)
+            self.rounds += 1
             wake_at = min(
                 t
                 for t in (deadline, self._retry_at, self._resync_at, self.events.next_due())
