@@ -535,9 +535,7 @@ def test_vap_matches_pod_status_updates(vap: Obj) -> None:
         assert validation["message"]
     # The RBAC rules allow no other write on pods that the policy would have to cover,
     # and every other write is on devicetaintrules (test_deploy_taints.py's policy).
-    writes = {
-        (g, r) for g, r, v in REQUIRED_RULES if v in {"create", "update", "patch", "delete"}
-    }
+    writes = {(g, r) for g, r, v in REQUIRED_RULES if v in {"create", "update", "patch", "delete"}}
     assert ("", "pods") not in writes
     assert writes == {("", "pods/status"), ("", "events"), ("resource.k8s.io", "devicetaintrules")}
 
