@@ -227,9 +227,8 @@ async def test_taint_after_then_untaint_after(rig: Rig) -> None:
     assert rule_of(rig.api, A) is not None
     await rig.advance(1)
     assert rig.api.rules == {}
-    assert rig.api.writes() == [("create", rule["metadata"]["name"])] + [
-        ("delete", rule["metadata"]["name"])
-    ]
+    name = rule["metadata"]["name"]
+    assert rig.api.writes() == [("create", name), ("delete", name)]
     reasons = [e["reason"] for e in rig.api.events]
     assert reasons == ["DeviceTainted", "DeviceUntainted"]
     assert bridge.metric_state().writes[("create", "ok")] == 1
@@ -265,7 +264,7 @@ async def test_flapping_causes_no_writes(rig: Rig) -> None:
     assert [op for op, _ in rig.api.writes()] == ["create"]
 
 
-# -- restarts -------------------------------------------------------------------------------------
+# -- restarts ---------------------------------------------------------------------------------
 
 
 async def test_restart_keeps_the_since_time(rig: Rig) -> None:
@@ -311,7 +310,7 @@ async def test_lost_state_file_adopts_the_api_rules(rig: Rig) -> None:
     assert rig.api.rules == {}
 
 
-# -- other owners -----------------------------------------------------------------------------------
+# -- other owners -----------------------------------------------------------------------------
 
 
 def foreign(name: str, labels: dict[str, str]) -> Obj:
@@ -350,7 +349,7 @@ async def test_stray_rules_of_ours_are_removed(rig: Rig) -> None:
     assert rig.api.rules == {}
 
 
-# -- failures ----------------------------------------------------------------------------------------
+# -- failures ---------------------------------------------------------------------------------
 
 
 async def test_outage_keeps_the_last_state_and_creates_once(rig: Rig) -> None:
@@ -436,7 +435,7 @@ async def test_node_name_too_long_for_a_label(rig: Rig, tmp_path: pathlib.Path) 
     assert rig.api.log == []
 
 
-# -- the shared budget ---------------------------------------------------------------------------------
+# -- the shared budget ------------------------------------------------------------------------
 
 
 async def test_budget_serves_status_writes_first() -> None:
