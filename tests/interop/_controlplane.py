@@ -138,7 +138,9 @@ def resource_slice(driver: str, node_name: str, devices: Sequence[str]) -> Obj:
 def device_request(driver: str, tolerate: str | None = None) -> Obj:
     exactly: Obj = {"deviceClassName": driver, "allocationMode": "ExactCount", "count": 1}
     if tolerate:
-        exactly["tolerations"] = [{"key": tolerate, "operator": "Exists"}]
+        # The effect must be named: the 1.37 eviction controller honours only tolerations
+        # whose effect is NoExecute (one without an effect is not enough for it).
+        exactly["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoExecute"}]
     return {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
 
 
