@@ -139,6 +139,7 @@ class TaintBridge:
         self._window = settings.write_window
         self._resync = settings.taint_resync_interval
         self._rules: dict[str, Obj] | None = None  # name -> our rule, None: list first
+        self._known: dict[str, Obj] = {}  # the last rules listed, for metrics while relisting
         self._observing = False
         self._adopt = False
         self._dirty = False
@@ -175,7 +176,7 @@ class TaintBridge:
 
     def metric_state(self) -> metrics.TaintState:
         rules = dict.fromkeys(EFFECTS, 0)
-        for rule in (self._rules or {}).values():
+        for rule in (self._rules if self._rules is not None else self._known).values():
             effect = str(((rule.get("spec") or {}).get("taint") or {}).get("effect") or "")
             rules[effect] = rules.get(effect, 0) + 1
         writes = {(op, result): 0 for op in OPS for result in ("ok", "failed")}
@@ -232,6 +233,7 @@ class TaintBridge:
                     return False
                 if self.state == "off":
                     return False  # still off: the silent recheck failed
+                self.detail = f"API not reachable yet: {exc}"
                 logger.warning("taint bridge: %s; retrying in %.0f s", exc, delay)
                 await self._clock.sleep(delay)
                 delay = min(delay * 2, BACKOFF_MAX)
@@ -307,7 +309,10 @@ class TaintBridge:
             if exc.status == 403:
                 self._turn_off(_forbidden(exc))
                 return
-            self._rules = None  # the API may have done more than it answered: list again
+            # The API may have done more than it answered: list again. The metrics keep
+            # showing the last rules known meanwhile.
+            self._known = self._rules if self._rules is not None else self._known
+            self._rules = None
             self._retry_at = self._clock.now() + self._backoff
             logger.warning("taint bridge: %s; retrying in %.0f s", exc, self._backoff)
             self._backoff = min(self._backoff * 2, BACKOFF_MAX)

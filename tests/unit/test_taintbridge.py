@@ -124,7 +124,7 @@ class Rig:
         self.bridge: taintbridge.TaintBridge | None = None
         self.task: asyncio.Task[None] | None = None
 
-    async def start(self, **overrides: Any) -> taintbridge.TaintBridge:
+    async def start(self, *, settle: bool = True, **overrides: Any) -> taintbridge.TaintBridge:
         values: dict[str, Any] = {
             "node_name": NODE,
             "state_dir": self.state_dir,
@@ -146,7 +146,8 @@ class Rig:
             discover=self.api.discover,
         )
         self.task = asyncio.create_task(self.bridge.run())
-        await self.idle()
+        if settle:
+            await self.idle()
         return self.bridge
 
     async def stop(self) -> None:
@@ -367,6 +368,20 @@ async def test_outage_keeps_the_last_state_and_creates_once(rig: Rig) -> None:
     assert rig.bridge is not None
     assert rig.bridge.metric_state().writes[("create", "ok")] == 1
     assert rig.bridge is not None and rig.bridge.readiness() == "ok"
+
+
+async def test_api_down_at_start_is_retried(rig: Rig) -> None:
+    rig.api.fail(None, times=2)  # discovery fails twice
+    bridge = await rig.start(settle=False)
+    await rig.clock.wait_for_sleepers(1)
+    assert bridge.readiness().startswith("starting: API not reachable yet: injected None")
+    rig.clock.advance(1)
+    await rig.clock.wait_for_sleepers(1)
+    assert bridge.state == "starting"
+    rig.clock.advance(2)
+    await rig.idle(0)
+    assert bridge.readiness() == "ok"
+    assert [what for what, _ in rig.api.log] == ["discover", "discover", "discover", "list"]
 
 
 async def test_lost_answer_to_a_create_is_adopted(rig: Rig) -> None:
