@@ -309,16 +309,24 @@ class TaintBridge:
             if exc.status == 403:
                 self._turn_off(_forbidden(exc))
                 return
-            # The API may have done more than it answered: list again. The metrics keep
-            # showing the last rules known meanwhile.
-            self._known = self._rules if self._rules is not None else self._known
-            self._rules = None
-            self._retry_at = self._clock.now() + self._backoff
-            logger.warning("taint bridge: %s; retrying in %.0f s", exc, self._backoff)
-            self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+            self._retry_later(str(exc))
+            return
+        except Exception:
+            # A bug, or an answer we did not expect, must not end the bridge's task.
+            logger.exception("taint bridge: reconciling failed")
+            self._retry_later("unexpected error")
             return
         self._retry_at = None
         self._backoff = BACKOFF_INITIAL
+
+    def _retry_later(self, why: str) -> None:
+        # The API may have done more than it answered: list again first. The metrics keep
+        # showing the last rules known meanwhile.
+        self._known = self._rules if self._rules is not None else self._known
+        self._rules = None
+        self._retry_at = self._clock.now() + self._backoff
+        logger.warning("taint bridge: %s; retrying in %.0f s", why, self._backoff)
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
 
     async def _relist(self) -> None:
         api = self._require_api()
@@ -326,7 +334,11 @@ class TaintBridge:
         items = await asyncio.to_thread(api.list, taints.node_selector(self.node))
         # The label selector already filters; checking again costs nothing and keeps a
         # misbehaving server (or a selector typo) from ever handing us another's rule.
-        self._rules = {str(rule["metadata"]["name"]): rule for rule in items if self._is_ours(rule)}
+        self._rules = {
+            str(rule["metadata"]["name"]): rule
+            for rule in items
+            if self._is_ours(rule) and rule["metadata"].get("name")
+        }
         self._resync_at = self._clock.now() + self._resync
         if self._adopt:
             self._adopt = False
@@ -344,7 +356,9 @@ class TaintBridge:
                 self._dirty = True
 
     def _is_ours(self, rule: Obj) -> bool:
-        labels = (rule.get("metadata") or {}).get("labels") or {}
+        if not isinstance(rule.get("metadata"), dict):
+            return False
+        labels = rule["metadata"].get("labels") or {}
         return bool(
             labels.get(taints.MANAGED_BY_LABEL) == taints.MANAGED_BY
             and labels.get(taints.NODE_LABEL) == self.node

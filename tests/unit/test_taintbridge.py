@@ -400,6 +400,27 @@ async def test_lost_answer_to_a_create_is_adopted(rig: Rig) -> None:
     assert rig.api.log.count(("list", "")) >= 2  # relisted after the failure
 
 
+async def test_unexpected_error_is_logged_and_retried(rig: Rig) -> None:
+    await rig.start(taint_after=0)
+    original = rig.api.list
+    calls = {"n": 0}
+
+    def list_then_break(label_selector: str) -> list[Obj]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("a bug")
+        return original(label_selector)
+
+    rig.api.list = list_then_break  # type: ignore[method-assign]
+    rig.bridge._rules = None  # type: ignore[union-attr]  # force a relist
+    await rig.set(A, H.UNHEALTHY)
+    assert rig.bridge is not None and rig.bridge.readiness() == "ok"
+    assert rule_of(rig.api, A) is None
+    await rig.advance(1)
+    assert rule_of(rig.api, A) is not None
+    assert rig.task is not None and not rig.task.done()
+
+
 async def test_forbidden_turns_the_bridge_off(rig: Rig) -> None:
     rig.api.fail(403)
     bridge = await rig.start()
