@@ -69,6 +69,16 @@ class State:
     store_errors: int = 0
     api_field_dropped: bool = False
     now: float = 0.0
+    taints: TaintState | None = None  # None: the taint bridge is off by configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class TaintState:
+    """The taint bridge's part (``taintbridge.TaintBridge.metric_state``)."""
+
+    state: str  # starting, active or off
+    rules: Mapping[str, int]  # effect -> this node's rules
+    writes: Mapping[tuple[str, str], int]  # (create|update|delete, ok|failed) -> count
 
 
 class Metrics:
@@ -107,6 +117,8 @@ class _Collector(registry.Collector):
         yield from _device_metrics(state)
         yield from _writer_metrics(state)
         yield from _store_metrics(state)
+        if state.taints is not None:
+            yield from _taint_metrics(state.taints)
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> core.GaugeMetricFamily:
@@ -198,6 +210,26 @@ def _store_metrics(state: State) -> Iterator[core.Metric]:
     failures = _counter("store_errors", "Failed commits of the state file.", [])
     failures.add_metric([], state.store_errors)
     yield from (degraded, pending, failures)
+
+
+TAINT_STATES = ("starting", "active", "off")
+
+
+def _taint_metrics(taints: TaintState) -> Iterator[core.Metric]:
+    bridge = _gauge(
+        "taint_bridge", "1 for the taint bridge's state (off: see /readyz for why).", ["state"]
+    )
+    for candidate in TAINT_STATES:
+        bridge.add_metric([candidate], 1.0 if candidate == taints.state else 0.0)
+    rules = _gauge("taint_rules", "This node's DeviceTaintRules by effect.", ["effect"])
+    for effect, count in sorted(taints.rules.items()):
+        rules.add_metric([effect], count)
+    writes = _counter(
+        "taint_rule_writes", "DeviceTaintRule writes by operation and result.", ["op", "result"]
+    )
+    for (op, result), count in sorted(taints.writes.items()):
+        writes.add_metric([op, result], count)
+    yield from (bridge, rules, writes)
 
 
 # -- the HTTP server -----------------------------------------------------------

@@ -1,7 +1,8 @@
 """Build the Go binaries of the interop tests once per version into a cache directory.
 
 Each artifact is a small Go module under ``tests/interop`` (the two scripted test drivers,
-kube-apiserver, etcd). A binary is stored under
+kube-apiserver, etcd, and kube-scheduler plus kube-controller-manager for the taint proofs).
+A binary is stored under
 ``<cache>/<name>-<upstream version>/<source hash>/<binary>``, where ``<cache>`` is
 ``$KUBELET_DRA_INTEROP_CACHE`` or ``~/.cache/kubelet-dra/interop`` and the source hash covers
 the module's go.mod, go.sum and Go files plus the Go version, so a second run reuses the
@@ -113,6 +114,20 @@ ARTIFACTS: dict[str, GoArtifact] = {
             ldflags=_k8s_ldflags("v1.37.2"),
         ),
         GoArtifact("etcd", "v3.7.3", "etcd", "etcd"),
+        GoArtifact(
+            "kube-scheduler",
+            "v1.37.2",
+            "scheduler",
+            "kube-scheduler",
+            ldflags=_k8s_ldflags("v1.37.2"),
+        ),
+        GoArtifact(
+            "kube-controller-manager",
+            "v1.37.2",
+            "controllermanager",
+            "kube-controller-manager",
+            ldflags=_k8s_ldflags("v1.37.2"),
+        ),
     )
 }
 
