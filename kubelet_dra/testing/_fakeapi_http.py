@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from kubelet_dra.testing import _fakeapi_cluster as cluster
 from kubelet_dra.testing import _fakeapi_faults as faultlib
 from kubelet_dra.testing import _fakeapi_ops as ops
 from kubelet_dra.testing import _fakeapi_status as status
@@ -32,6 +33,7 @@ _ROUTES = {
     ("v1", "events"): storage.EVENTS,
     ("resource.k8s.io/v1", "resourceclaims"): storage.CLAIMS,
     ("events.k8s.io/v1", "events"): storage.EVENTS_V1,
+    **cluster.RESOURCES,
 }
 _VERSION = {"major": "1", "minor": "36", "gitVersion": "v1.36.0-fakeapi", "platform": "linux/amd64"}
 
@@ -47,6 +49,8 @@ class Context:
     bookmark_interval: float
     max_watch_seconds: float | None
     stopped: threading.Event = field(default_factory=threading.Event)
+    #: Versions of resource.k8s.io that serve devicetaintrules (see _fakeapi_cluster).
+    device_taint_versions: tuple[str, ...] = cluster.TAINT_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -181,9 +185,18 @@ class Handler(BaseHTTPRequestHandler):
         if method == "GET" and self._url_path.rstrip("/") == "/version":
             self._send(200, _VERSION)
             return
+        ctx = self.server.context
+        if method == "GET" and (
+            doc := cluster.discovery(self._url_path, ctx.device_taint_versions)
+        ):
+            self._send(200, doc)
+            return
         route = parse_route(self._url_path)
+        if route is not None and not route.resource.namespaced:
+            route = Route(route.resource, "", route.name, route.subresource)
         if (
             route is None
+            or not cluster.served(route.resource, ctx.device_taint_versions)
             or route.subresource not in (None, "status")
             or (route.subresource == "status" and not route.resource.has_status)
         ):
@@ -343,4 +356,4 @@ def _page(
 
 
 def _key(item: dict[str, Any]) -> tuple[str, str]:
-    return item["metadata"]["namespace"], item["metadata"]["name"]
+    return item["metadata"].get("namespace", ""), item["metadata"]["name"]

@@ -9,6 +9,7 @@ and label selectors are evaluated here the way the registry's ``GetAttrs`` funct
 from __future__ import annotations
 
 import bisect
+import collections
 import copy
 import re
 import threading
@@ -33,6 +34,7 @@ class Resource:
     api_version: str
     has_status: bool
     fields: frozenset[str]
+    namespaced: bool = True  # cluster-scoped objects are stored under namespace ""
 
 
 _META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
@@ -182,7 +184,8 @@ class Store:
         self.history_limit = history_limit
         self.generation = 0  # bumped to end all open watches
         self.bookmark_epoch = 0  # bumped to make every open watch send a bookmark now
-        self._objects: dict[str, dict[tuple[str, str], Obj]] = {r.key: {} for r in RESOURCES}
+        # Keyed by Resource.key; resources added elsewhere (_fakeapi_cluster) get theirs on use.
+        self._objects: dict[str, dict[tuple[str, str], Obj]] = collections.defaultdict(dict)
         self._history: list[Change] = []
         self._history_rvs: list[int] = []
         self._oldest_rv = first_rv  # a watch may resume from this version or any later one
@@ -214,7 +217,11 @@ class Store:
 
     def create(self, resource: Resource, obj: Obj) -> Obj:
         meta = obj.setdefault("metadata", {})
-        namespace = meta.setdefault("namespace", "default")
+        if resource.namespaced:
+            namespace = meta.setdefault("namespace", "default")
+        else:
+            namespace = ""
+            meta.pop("namespace", None)
         with self.cond:
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]

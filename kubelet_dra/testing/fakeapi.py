@@ -8,7 +8,9 @@ code can observe it: one global resourceVersion, optimistic concurrency (409), s
 rules of pod status (conditions merged by type, containerStatuses replaced whole), the KEP-4680
 ``allocatedResourcesStatus`` validation (422), watch semantics including field-selector
 transitions, bookmarks and "410 Expired", and the feature gates ``ResourceHealthStatus`` and
-``ResourceHealthStatusMessage``.
+``ResourceHealthStatusMessage``. Cluster-scoped resource.k8s.io DeviceTaintRules (``v1``,
+``v1beta2``, ``v1alpha3``) and the discovery documents of those versions come from
+``_fakeapi_cluster``.
 
 On top it offers what a test needs and a real server cannot give: fault injection (errors,
 429 with Retry-After, delays, dropped connections, a conflict on each pod's first status
@@ -35,6 +37,7 @@ from typing import Any, Self
 import kubernetes.client
 
 from kubelet_dra.testing import _fakeapi_builders as builders
+from kubelet_dra.testing import _fakeapi_cluster as cluster
 from kubelet_dra.testing import _fakeapi_faults as faults
 from kubelet_dra.testing import _fakeapi_http as http
 from kubelet_dra.testing import _fakeapi_ops as ops
@@ -236,6 +239,28 @@ class FakeApiServer:
 
     def set_claim_status(self, namespace: str, name: str, status: Obj) -> Obj:
         return self._backend.set_status(storage.CLAIMS, namespace, name, status)
+
+    # DeviceTaintRules (cluster-scoped; _fakeapi_cluster)
+
+    def create_device_taint_rule(self, rule: Obj) -> Obj:
+        """Store a rule as someone else would (validated and defaulted, never faulted)."""
+        return self._backend.create(cluster.DEVICE_TAINT_RULES["v1"], "", rule)
+
+    def device_taint_rules(self, label_selector: str = "") -> list[Obj]:
+        res = cluster.DEVICE_TAINT_RULES["v1"]
+        return self._store.select(res, "", storage.Selector(res, "", label_selector))[0]
+
+    def delete_device_taint_rule(self, name: str) -> Obj:
+        return self._store.delete(cluster.DEVICE_TAINT_RULES["v1"], "", name)
+
+    @property
+    def device_taint_versions(self) -> tuple[str, ...]:
+        """Versions of resource.k8s.io serving devicetaintrules (all three by default)."""
+        return self._context.device_taint_versions
+
+    @device_taint_versions.setter
+    def device_taint_versions(self, versions: Iterable[str]) -> None:
+        self._context.device_taint_versions = tuple(versions)
 
     def events(self, namespace: str | None = None) -> list[Obj]:
         """Stored events, core/v1 first, then events.k8s.io/v1."""
