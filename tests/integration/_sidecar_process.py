@@ -201,10 +201,11 @@ class SidecarProcess:
             raise SidecarExited(f"sidecar exited {self.proc.returncode}; stderr:\n{self.log}")
 
     async def until(
-        self, predicate: Callable[[], T], timeout: float = 5.0, what: str | None = None
+        self, predicate: Callable[[], T], timeout: float = 15.0, what: str | None = None
     ) -> T:
         """:func:`eventually` while the sidecar runs; fail with its log at the deadline or if
-        it exits."""
+        it exits. The default allows for a slow start of a new interpreter on a loaded
+        machine (a sidecar that exits fails at once)."""
 
         def check() -> T:
             self.check_running()

@@ -393,7 +393,7 @@ def test_proof3_job_pod_failure_policy_on_our_condition(
             for name in names
         }
         gpus = {name: device_of(pod) for name, pod in pods.items()}
-        assert sorted(gpus.values()) == ["gpu-0", "gpu-1", "gpu-2"]  # type: ignore[type-var]
+        assert sorted(str(g) for g in gpus.values()) == ["gpu-0", "gpu-1", "gpu-2"]
         # The devices of the Ignore and FailJob pods break; the control pod's stays healthy.
         broken = {gpus["ignore"], gpus["failjob"]}
         rig.set_health(**{str(d).replace("-", "_"): "UNHEALTHY" for d in broken})

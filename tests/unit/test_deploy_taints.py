@@ -57,6 +57,7 @@ def request(operation: str, username: str = deploy.SA_USERNAME, node: str | None
 
 
 def evaluate(vap: Obj, operation: str, new: Obj | None, old: Obj | None, **kw: Any) -> Any:
+    # _evaluate is typed for UPDATE (both objects); CREATE and DELETE pass None for one.
     return deploy._evaluate(vap, request(operation, **kw), new, old)  # type: ignore[arg-type]
 
 

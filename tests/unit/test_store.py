@@ -264,11 +264,12 @@ def test_a_failed_flush_keeps_staged_deletions(tmp_path: pathlib.Path) -> None:
     db.stage(K, REC)
     db.flush()
     db.stage_delete([K])
-    db._db.conn.execute("PRAGMA query_only=ON")  # type: ignore[union-attr]
+    assert db._db is not None
+    db._db.conn.execute("PRAGMA query_only=ON")
     with pytest.raises(errors.StoreError):
         db.flush()
     assert db.pending == 1
-    db._db.conn.execute("PRAGMA query_only=OFF")  # type: ignore[union-attr]
+    db._db.conn.execute("PRAGMA query_only=OFF")
     assert db.flush() == 1
     db.close()
     again = store.HealthStore.open(tmp_path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -19,9 +20,9 @@ T0 = 1_700_000_000.0
 
 
 def thresholds(**kw: object) -> taints.Thresholds:
-    values: dict[str, object] = {"effect": "NoSchedule", "key": "kubelet-dra.io/unhealthy"}
+    values: dict[str, Any] = {"effect": "NoSchedule", "key": "kubelet-dra.io/unhealthy"}
     values.update(kw)
-    return taints.Thresholds(**values)  # type: ignore[arg-type]
+    return taints.Thresholds(**values)
 
 
 def run(
