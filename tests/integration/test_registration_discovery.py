@@ -28,12 +28,13 @@ async def watching(
     role: settings.Role = OBSERVER,
     clk: clock.Clock | None = None,
     static: tuple[registration.PluginInfo, ...] = (),
+    **overrides: Any,
 ) -> AsyncIterator[tuple[registration.RegistryWatcher, Events]]:
     events = Events()
     watcher = registration.RegistryWatcher(
         registry,
         role=role,
-        settings=make_settings(),
+        settings=make_settings(**overrides),
         clock=clk or clock.SystemClock(),
         on_event=events,
         static=static,
@@ -151,7 +152,11 @@ async def test_invalid_plugins_are_refused_once_and_told_so_by_an_owner(
 ) -> None:
     fake = clock.FakeClock()
     driver = fakedriver.FakeDriver(registry=registry, **kwargs)
-    async with driver as drv, watching(registry, role=OWNER, clk=fake) as (watcher, events):
+    # A GetInfo timeout on a loaded machine would be a different (retried) failure.
+    async with (
+        driver as drv,
+        watching(registry, role=OWNER, clk=fake, get_info_timeout=5.0) as (watcher, events),
+    ):
         await eventually(lambda: str(drv.registration_socket) in watcher.failures)
         assert reason in watcher.failures[str(drv.registration_socket)]
         fake.advance(3600)
