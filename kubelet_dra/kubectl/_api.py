@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
 
 import kubernetes.client
 import urllib3.exceptions
@@ -31,18 +31,98 @@ from kubelet_dra.claims import ClaimKey
 logger = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 PAGE_SIZE = 500
 TIMEOUT = (10.0, 60.0)  # connect, read
 #: DeviceTaintRule versions, newest first (v1 from 1.37, v1beta2 in 1.36, v1alpha3 before).
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 #: Above this many claims, one paged list of claims costs less than a GET per claim.
-CLAIM_GET_LIMIT = 200
+CLAIM_GET_LIMIT = 2000
 _GET_THREADS = 8
 _RETRYABLE = (urllib3.exceptions.HTTPError, OSError, socket.timeout)
 
 
 class ToolError(Exception):
     """A failure the command reports as one line and exit status 1."""
+
+
+class ClaimFetcher(Generic[T]):
+    """Reads claims while the pod list goes on, keeping ``convert(claim)`` of each.
+
+    Claims are fetched as pods name them (:meth:`want`): a GET each, on a few threads, so they
+    overlap the next pod pages. Once more than ``get_limit`` claims are wanted, the GETs not
+    started are dropped for one paged list of the namespace's (or every) claims, which costs
+    less than thousands of GETs.
+    """
+
+    def __init__(
+        self,
+        reader: Reader,
+        namespace: str | None,
+        convert: Callable[[Obj], T],
+        *,
+        get_limit: int = CLAIM_GET_LIMIT,
+    ) -> None:
+        self._reader, self._namespace, self._convert = reader, namespace, convert
+        self._limit = get_limit
+        self._pool = ThreadPoolExecutor(_GET_THREADS, thread_name_prefix="claims")
+        self._wanted: set[ClaimKey] = set()
+        self._gets: dict[ClaimKey, Future[T | None]] = {}
+        self._listing: Future[dict[ClaimKey, T]] | None = None
+
+    def __enter__(self) -> ClaimFetcher[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def listed(self) -> bool:
+        return self._listing is not None
+
+    @property
+    def wanted(self) -> frozenset[ClaimKey]:
+        return frozenset(self._wanted)
+
+    def want(self, keys: Iterable[ClaimKey]) -> None:
+        for key in keys:
+            if key in self._wanted:
+                continue
+            self._wanted.add(key)
+            if self._listing is not None:
+                continue
+            if len(self._wanted) > self._limit:
+                for future in self._gets.values():
+                    future.cancel()
+                self._listing = self._pool.submit(self._list)
+            else:
+                self._gets[key] = self._pool.submit(self._get, key)
+
+    def results(self) -> dict[ClaimKey, T]:
+        """Every wanted claim that exists; raises what a read raised."""
+        found: dict[ClaimKey, T] = {}
+        if self._listing is not None:
+            listed = self._listing.result()
+            found.update((k, listed[k]) for k in self._wanted if k in listed)
+        for key, future in self._gets.items():
+            if key not in found and not future.cancelled():
+                value = future.result()
+                if value is not None:
+                    found[key] = value
+        return found
+
+    def _get(self, key: ClaimKey) -> T | None:
+        claim = self._reader.claim(key)
+        return None if claim is None else self._convert(claim)
+
+    def _list(self) -> dict[ClaimKey, T]:
+        # The scope of the pod list, not of the claims wanted so far: more pods are coming.
+        found: dict[ClaimKey, T] = {}
+        for item in self._reader.claim_list(self._namespace):
+            meta = item.get("metadata") or {}
+            key = ClaimKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            found[key] = self._convert(item)
+        return found
 
 
 class HttpError(ToolError):
@@ -134,30 +214,17 @@ class Reader:
         except NotFound:
             return None
 
-    def claims(self, keys: Sequence[ClaimKey], namespace: str | None) -> dict[ClaimKey, Obj]:
+    def claims(self, keys: Iterable[ClaimKey], namespace: str | None) -> dict[ClaimKey, Obj]:
         """The claims named (those that exist): a GET each, or one paged list when many."""
-        wanted = set(keys)
-        if not wanted:
-            return {}
-        if len(wanted) <= CLAIM_GET_LIMIT:
-            ordered = sorted(wanted)
-            with ThreadPoolExecutor(min(_GET_THREADS, len(ordered))) as pool:
-                found = list(pool.map(self.claim, ordered))
-            return {k: c for k, c in zip(ordered, found, strict=True) if c is not None}
-        namespaces = {k.namespace for k in wanted}
-        scope = namespace or (next(iter(namespaces)) if len(namespaces) == 1 else None)
-        path = (
-            f"/apis/resource.k8s.io/v1/namespaces/{scope}/resourceclaims"
-            if scope
-            else "/apis/resource.k8s.io/v1/resourceclaims"
-        )
-        result: dict[ClaimKey, Obj] = {}
-        for item in self._list_all(path):
-            meta = item.get("metadata") or {}
-            key = ClaimKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-            if key in wanted:
-                result[key] = item
-        return result
+        fetcher: ClaimFetcher[Obj] = ClaimFetcher(self, namespace, lambda claim: claim)
+        with fetcher:
+            fetcher.want(keys)
+            return fetcher.results()
+
+    def claim_list(self, namespace: str | None) -> Iterator[Obj]:
+        if namespace:
+            return self._list_all(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")
+        return self._list_all("/apis/resource.k8s.io/v1/resourceclaims")
 
     # -- taints and events -------------------------------------------------------------------
 

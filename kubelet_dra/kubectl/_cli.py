@@ -14,7 +14,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from kubelet_dra import claims as claims_mod
@@ -22,7 +22,7 @@ from kubelet_dra import settings as settings_mod
 from kubelet_dra._kube_events import DEVICE_HEALTH_UNKNOWN, DEVICE_HEALTHY, DEVICE_UNHEALTHY
 from kubelet_dra.kubectl import _model as model
 from kubelet_dra.kubectl import _render as render
-from kubelet_dra.kubectl._api import Reader, ToolError
+from kubelet_dra.kubectl._api import ClaimFetcher, Reader, ToolError
 
 PROG = "kubectl dra-health"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_ON = 0, 1, 2, 3
@@ -191,22 +191,37 @@ class View:
         """List every pod in scope; returns the list's resourceVersion."""
         meta: dict[str, str] = {}
         self.pods = {}
-        for page in self.reader.pod_pages(self.scope.namespace, self.scope.node, meta):
-            for pod in page:
-                self.apply("ADDED", pod)
+        resolve = self.command == "devices" or self.scope.driver is not None
+        fetcher = ClaimFetcher(self.reader, self.scope.namespace, model.claim_results)
+        with fetcher:
+            for page in self.reader.pod_pages(self.scope.namespace, self.scope.node, meta):
+                for pod in page:
+                    view = self.apply("ADDED", pod)
+                    if resolve and view is not None:
+                        # Claims of entries we may show are read while the next pages come.
+                        fetcher.want(self._wanted_claims(view))
+            found = fetcher.results()
+        for key in fetcher.wanted:
+            self.results[key] = found.get(key, ())
         return meta.get("resourceVersion", "")
 
-    def apply(self, kind: str, pod: Mapping[str, Any]) -> None:
+    def _wanted_claims(self, view: model.PodView) -> Iterator[claims_mod.ClaimKey]:
+        for res in view.resources:
+            if res.health in self.scope.wanted and (claim := view.claim_of(res.entry)):
+                yield claim
+
+    def apply(self, kind: str, pod: Mapping[str, Any]) -> model.PodView | None:
         meta = pod.get("metadata") or {}
         key = (str(meta.get("namespace") or "default"), str(meta.get("name", "")))
         if kind == "DELETED":
             self.pods.pop(key, None)
-            return
+            return None
         view = model.pod_view(pod, self.scope.condition_type)
         if view.resources:
             self.pods[key] = view
-        else:
-            self.pods.pop(key, None)
+            return view
+        self.pods.pop(key, None)
+        return None
 
     def fetch_claims(self, keys: Iterable[claims_mod.ClaimKey]) -> None:
         missing = sorted(set(keys) - set(self.results))
