@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
+import queue
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
@@ -315,37 +318,86 @@ def _emit(text: str, view: View, scope: Scope, out: TextIO, *, first: bool) -> N
     out.flush()
 
 
+class _End:
+    """The end of one watch request (``error`` set if it broke)."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+
+def _feed(
+    reader: Reader, scope: Scope, version: str, timeout: int, events: queue.Queue[Any]
+) -> None:
+    """One watch request's events into ``events``, then an :class:`_End`."""
+    try:
+        for event in reader.watch_pods(scope.namespace, scope.node, version, timeout):
+            events.put(event)
+    except BaseException as exc:  # handed to the main thread, which raises it
+        events.put(_End(exc))
+    else:
+        events.put(_End())
+
+
 def _watch(
     view: View, version: str, ns: argparse.Namespace, out: TextIO, *, text: str, failed: bool
 ) -> bool:
-    """Redraw on every change until interrupted (or the hidden bounds); the last --fail-on."""
+    """Redraw on every change until interrupted (or the hidden bounds); the last --fail-on.
+
+    A thread reads the watch; the loop applies every event already received before it
+    renders, so a burst of pod updates costs one redraw, not one per pod.
+    """
     deadline = time.monotonic() + ns.watch_seconds if ns.watch_seconds else None
     redraws = 1
     while deadline is None or time.monotonic() < deadline:
         timeout = WATCH_TIMEOUT
         if deadline is not None:
-            timeout = max(1, min(timeout, round(deadline - time.monotonic())))
-        scope = view.scope
-        for kind, obj in view.reader.watch_pods(scope.namespace, scope.node, version, timeout):
-            if kind == "ERROR":
-                if obj.get("code") != 410:
-                    raise ToolError(f"watch of pods: {obj.get('message') or obj}")
-                version = view.load()  # too old: list again
-            else:
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if kind == "BOOKMARK":
-                    continue
-                view.apply(kind, obj)
+            timeout = max(1, min(timeout, math.ceil(deadline - time.monotonic())))
+        events: queue.Queue[Any] = queue.Queue()
+        feed = threading.Thread(
+            target=_feed, args=(view.reader, view.scope, version, timeout, events), daemon=True
+        )
+        feed.start()
+        ended = False
+        while not ended:
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                return failed
+            try:
+                batch = [events.get(timeout=wait)]
+            except queue.Empty:
+                return failed
+            while not events.empty():
+                batch.append(events.get_nowait())
+            version, ended = _apply_batch(view, batch, version)
             new_text, failed = view.render()
             if new_text != text:
                 text = new_text
-                _emit(text, view, scope, out, first=False)
+                _emit(text, view, view.scope, out, first=False)
                 redraws += 1
                 if ns.watch_max_redraws and redraws >= ns.watch_max_redraws:
                     return failed
-            if deadline is not None and time.monotonic() >= deadline:
-                break
     return failed
+
+
+def _apply_batch(view: View, batch: list[Any], version: str) -> tuple[str, bool]:
+    """Apply watch events; the resourceVersion to resume from and whether the request ended."""
+    ended = False
+    for item in batch:
+        if isinstance(item, _End):
+            if item.error is not None:
+                raise item.error
+            ended = True
+            continue
+        kind, obj = item
+        if kind == "ERROR":
+            if obj.get("code") != 410:
+                raise ToolError(f"watch of pods: {obj.get('message') or obj}")
+            version = view.load()  # too old: list again
+            continue
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+        if kind != "BOOKMARK":
+            view.apply(kind, obj)
+    return version, ended
 
 
 # -- describe ------------------------------------------------------------------------------
