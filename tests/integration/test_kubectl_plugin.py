@@ -790,3 +790,13 @@ def test_console_script_and_module_run_as_processes(demo: str) -> None:
         [found, "--help"], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0 and "devices" in proc.stdout and "describe" in proc.stdout
+
+
+def test_readme_and_operations_show_the_real_devices_output(demo: str) -> None:
+    root = pathlib.Path(__file__).resolve().parents[2]
+    code, text = run(demo, "devices")
+    assert code == 0
+    readme = (root / "README.md").read_text()
+    shown = "\n".join("    " + line for line in text.splitlines())
+    assert "    $ kubectl dra-health devices\n" + shown + "\n" in readme
+    assert "$ kubectl dra-health devices\n" + text in (root / "docs" / "operations.md").read_text()
