@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import queue
@@ -32,6 +33,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_ON = 0, 1, 2, 3
 EVENT_REASONS = frozenset({DEVICE_UNHEALTHY, DEVICE_HEALTHY, DEVICE_HEALTH_UNKNOWN})
 DEFAULT_SHOWN = frozenset({model.UNHEALTHY, model.UNKNOWN})
 WATCH_TIMEOUT = 300  # seconds per watch request; the loop starts the next one
+TAINT_REFRESH = 30.0  # seconds a watch reuses the DeviceTaintRules it read
 _CLEAR = "\x1b[H\x1b[2J"
 Results = dict[claims_mod.ClaimKey, tuple[model.Result, ...]]
 
@@ -137,8 +139,9 @@ class Scope:
     condition_type: str
     output: str
 
-    @property
+    @functools.cached_property
     def wanted(self) -> frozenset[str]:
+        """What must be computed: what is shown and what ``--fail-on`` looks at."""
         return self.shown | self.fail_on
 
 
@@ -189,6 +192,7 @@ class View:
         self.pods: dict[tuple[str, str], model.PodView] = {}
         self.results: Results = {}
         self.reported = 0  # devices or entries before the health filter
+        self._rules: tuple[float, list[dict[str, Any]]] | None = None
 
     def load(self) -> str:
         """List every pod in scope; returns the list's resourceVersion."""
@@ -210,7 +214,8 @@ class View:
 
     def _wanted_claims(self, view: model.PodView) -> Iterator[claims_mod.ClaimKey]:
         for res in view.resources:
-            if res.health in self.scope.wanted and (claim := view.claim_of(res.entry)):
+            claim = view.claim_of(res.entry) if res.health in self.scope.wanted else None
+            if claim is not None and claim not in self.results:
                 yield claim
 
     def apply(self, kind: str, pod: Mapping[str, Any]) -> model.PodView | None:
@@ -241,11 +246,7 @@ class View:
 
     def _devices(self) -> tuple[str, bool]:
         scope = self.scope
-        groups = model.device_groups(self.pods.values())
-        self.reported = len(groups)
-        wanted = {
-            k: m for k, m in groups.items() if model.worst(r.health for _, r in m) in scope.wanted
-        }
+        wanted, self.reported = model.device_groups(self.pods.values(), scope.wanted)
         self.fetch_claims(c for m in wanted.values() for c in model.claims_of(m))
         rows = [model.device_row(k, m, self.results) for k, m in wanted.items()]
         if scope.driver:
@@ -253,12 +254,19 @@ class View:
         failed = any(r.health in scope.fail_on for r in rows)
         rows = model.sort_devices([r for r in rows if r.health in scope.shown])
         if scope.output != "table" and rows:
-            rules = self.reader.taint_rules() or []
+            rules = self._taint_rules()
             for row in rows:
                 row.taints = model.taints_for(row.device, rules)
         if scope.output in ("json", "yaml"):
             return render.document(model.device_list(rows), scope.output), failed
         return render.devices_table(rows, scope.output == "wide") if rows else "", failed
+
+    def _taint_rules(self) -> list[dict[str, Any]]:
+        """DeviceTaintRules, read again when older than TAINT_REFRESH (a watch redraws often)."""
+        now = time.monotonic()
+        if self._rules is None or now - self._rules[0] >= TAINT_REFRESH:
+            self._rules = (now, self.reader.taint_rules() or [])
+        return self._rules[1]
 
     def _pod_rows(self) -> tuple[str, bool]:
         scope = self.scope

@@ -139,8 +139,8 @@ class PodRow:
 
 
 def normalize_health(value: Any) -> str:
-    """The kubelet's reading: anything but Healthy or Unhealthy is Unknown."""
-    return str(podstatus.to_resource_health_status(str(value or "")))
+    """The kubelet's reading (``toResourceHealthStatus``): anything else is Unknown."""
+    return str(value) if value in _SEVERITY else UNKNOWN
 
 
 def pod_view(pod: Obj, condition_type: str) -> PodView:
@@ -234,13 +234,32 @@ def _serves(result_request: str, request: str) -> bool:
 # -- devices -------------------------------------------------------------------------------
 
 
-def device_groups(pods: Iterable[PodView]) -> dict[tuple[str, str], list[tuple[PodView, Resource]]]:
-    """Every reported device by (node, resourceID), with the pod entries reporting it."""
+def device_groups(
+    pods: Iterable[PodView], healths: frozenset[str] | None = None
+) -> tuple[dict[tuple[str, str], list[tuple[PodView, Resource]]], int]:
+    """Reported devices by (node, resourceID) with the pod entries reporting them, for the
+    devices whose worst health is in ``healths`` (None: all); and how many devices there are.
+
+    Two passes: the worst health of every device first (cheap), the members only of the
+    devices kept, as a cluster reports tens of thousands of healthy devices.
+    """
+    pods = list(pods)
+    severity: dict[tuple[str, str], int] = {}
+    for pod in pods:
+        for res in pod.resources:
+            key = (pod.node, res.resource_id)
+            level = _SEVERITY[res.health]
+            if severity.get(key, -1) < level:
+                severity[key] = level
+    names = {level: health for health, level in _SEVERITY.items()}
+    kept = {k for k, level in severity.items() if healths is None or names[level] in healths}
     groups: dict[tuple[str, str], list[tuple[PodView, Resource]]] = {}
     for pod in pods:
         for res in pod.resources:
-            groups.setdefault((pod.node, res.resource_id), []).append((pod, res))
-    return groups
+            key = (pod.node, res.resource_id)
+            if key in kept:
+                groups.setdefault(key, []).append((pod, res))
+    return groups, len(severity)
 
 
 def device_row(

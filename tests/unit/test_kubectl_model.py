@@ -91,8 +91,10 @@ def test_a_device_row_takes_the_worst_health_and_every_user() -> None:
             {"name": "claim:c", "resources": resources}
         ]
         pods.append(model.pod_view(pod, ""))
-    groups = model.device_groups(pods)
-    assert list(groups) == [("node-1", f"{D}/pool/a")]
+    groups, count = model.device_groups(pods)
+    assert list(groups) == [("node-1", f"{D}/pool/a")] and count == 1
+    assert model.device_groups(pods, frozenset({"Unknown", "Healthy"})) == ({}, 1)
+    assert model.device_groups(pods, frozenset({"Unhealthy"}))[0] == groups
     key, members = next(iter(groups.items()))
     results = {model.claims_mod.ClaimKey("default", "c"): model.claim_results(claim)}
     row = model.device_row(key, members, results)
