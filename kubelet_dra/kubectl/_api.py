@@ -36,7 +36,8 @@ PAGE_SIZE = 500
 TIMEOUT = (10.0, 60.0)  # connect, read
 #: DeviceTaintRule versions, newest first (v1 from 1.37, v1beta2 in 1.36, v1alpha3 before).
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
-#: Above this many claims, one paged list of claims costs less than a GET per claim.
+#: Above this many claims, one paged list of claims replaces the GETs: thousands of GETs cost
+#: the client more than decoding every claim of the namespace (or cluster) once.
 CLAIM_GET_LIMIT = 2000
 _GET_THREADS = 8
 _RETRYABLE = (urllib3.exceptions.HTTPError, OSError, socket.timeout)
@@ -75,10 +76,6 @@ class ClaimFetcher(Generic[T]):
 
     def __exit__(self, *exc: object) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-
-    @property
-    def listed(self) -> bool:
-        return self._listing is not None
 
     @property
     def wanted(self) -> frozenset[ClaimKey]:
@@ -138,13 +135,11 @@ class NotFound(HttpError):
 
 
 class Reader:
-    """GETs against one API server; ``requests`` counts what was sent."""
+    """GETs against one API server."""
 
     def __init__(self, client: kubernetes.client.ApiClient, *, page_size: int = PAGE_SIZE) -> None:
         self._client = client
         self.page_size = page_size
-        self.requests = 0
-        self.taint_version: str | None = None  # the DeviceTaintRule version that answered
 
     @property
     def host(self) -> str:
@@ -240,7 +235,6 @@ class Reader:
                     logger.info("DeviceTaintRules not shown: %s", exc)
                     return None
                 raise
-            self.taint_version = version
             return rules
         return None
 
@@ -292,7 +286,6 @@ class Reader:
             auth_settings=["BearerToken"],
         )
         timeout = (TIMEOUT[0], read_timeout or TIMEOUT[1])
-        self.requests += 1
         try:
             response = self._client.call_api(*request, _request_timeout=timeout)
         except ApiException as exc:  # TLS failures surface here with status 0

@@ -164,10 +164,16 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         return EXIT_OK if getattr(ns, "watch", False) else 130
 
 
-def _condition_type(ns: argparse.Namespace) -> str:
+def _condition_type(ns: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:
+    """``--condition-type``, else the sidecar's setting from its variable, else its default.
+
+    Only this one variable is read: building the sidecar's whole ``Settings`` would make an
+    unrelated bad ``KUBELET_DRA_*`` value an error here.
+    """
     if ns.condition_type is not None:
         return str(ns.condition_type)
-    return settings_mod.Settings().pod_condition_type
+    field = settings_mod.Settings.model_fields["pod_condition_type"]
+    return environ.get("KUBELET_DRA_POD_CONDITION_TYPE", str(field.default))
 
 
 def _scope(ns: argparse.Namespace, context_namespace: str) -> Scope:

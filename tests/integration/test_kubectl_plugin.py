@@ -405,6 +405,7 @@ def test_condition_type_comes_from_settings(
     api: FakeApiServer, demo: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KUBELET_DRA_POD_CONDITION_TYPE", "example.com/GPUHealthy")
+    monkeypatch.setenv("KUBELET_DRA_HEALTH_TIMEOUT", "-1")  # the sidecar's problem, not ours
     _, text = run(demo, "pods", "-o", "json")
     assert all(i["condition"] is None for i in json.loads(text)["items"])
     _, text = run(demo, "pods", "-o", "json", "--condition-type", "DeviceHealthy")
