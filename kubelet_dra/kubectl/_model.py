@@ -23,7 +23,7 @@ selector matches nothing, and one with criteria we cannot evaluate here (the CEL
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kubelet_dra import claims as claims_mod
@@ -367,58 +367,49 @@ def pod_rows(pods: Iterable[PodView]) -> list[PodRow]:
 # -- the documented JSON ---------------------------------------------------------------------
 
 
-def device_list(rows: Sequence[DeviceRow]) -> dict[str, Any]:
+def device_list(rows: Sequence[DeviceRow]) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """The ``DeviceHealthList``: its head and its items, made one at a time."""
+    head = {"apiVersion": API_VERSION, "kind": "DeviceHealthList"}
+    return head, (_device_item(r) for r in rows)
+
+
+def _device_item(r: DeviceRow) -> dict[str, Any]:
     return {
-        "apiVersion": API_VERSION,
-        "kind": "DeviceHealthList",
-        "items": [
-            {
-                "node": r.node,
-                "driver": r.device[0] if r.device else None,
-                "pool": r.device[1] if r.device else None,
-                "device": r.device[2] if r.device else None,
-                "resourceID": r.resource_id,
-                "health": r.health,
-                "message": r.message,
-                "pods": [
-                    {
-                        "namespace": u.namespace,
-                        "name": u.name,
-                        "container": u.container,
-                        "claim": u.claim,
-                    }
-                    for u in r.pods
-                ],
-                "taints": [
-                    {"key": t.key, "value": t.value, "effect": t.effect, "rule": t.rule}
-                    for t in r.taints
-                ],
-            }
-            for r in rows
+        "node": r.node,
+        "driver": r.device[0] if r.device else None,
+        "pool": r.device[1] if r.device else None,
+        "device": r.device[2] if r.device else None,
+        "resourceID": r.resource_id,
+        "health": r.health,
+        "message": r.message,
+        "pods": [
+            {"namespace": u.namespace, "name": u.name, "container": u.container, "claim": u.claim}
+            for u in r.pods
+        ],
+        "taints": [
+            {"key": t.key, "value": t.value, "effect": t.effect, "rule": t.rule} for t in r.taints
         ],
     }
 
 
-def pod_list(rows: Sequence[PodRow]) -> dict[str, Any]:
+def pod_list(rows: Sequence[PodRow]) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """The ``PodDeviceHealthList``: its head and its items, made one at a time."""
+    head = {"apiVersion": API_VERSION, "kind": "PodDeviceHealthList"}
+    return head, (_pod_item(r) for r in rows)
+
+
+def _pod_item(r: PodRow) -> dict[str, Any]:
+    condition = r.condition
     return {
-        "apiVersion": API_VERSION,
-        "kind": "PodDeviceHealthList",
-        "items": [
-            {
-                "namespace": r.namespace,
-                "name": r.name,
-                "node": r.node,
-                "container": r.container,
-                "claim": r.claim,
-                "resourceID": r.resource_id,
-                "health": r.health,
-                "message": r.message,
-                "condition": (
-                    {"status": r.condition.status, "reason": r.condition.reason}
-                    if r.condition
-                    else None
-                ),
-            }
-            for r in rows
-        ],
+        "namespace": r.namespace,
+        "name": r.name,
+        "node": r.node,
+        "container": r.container,
+        "claim": r.claim,
+        "resourceID": r.resource_id,
+        "health": r.health,
+        "message": r.message,
+        "condition": {"status": condition.status, "reason": condition.reason}
+        if condition
+        else None,
     }

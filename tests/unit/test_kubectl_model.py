@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import yaml
+
 from kubelet_dra.kubectl import _model as model
+from kubelet_dra.kubectl import _render as render
 from kubelet_dra.testing import make_claim, make_pod
 from kubelet_dra.testing.fakeapi import Container, PodClaim
 
@@ -129,3 +134,28 @@ def test_driver_filter_uses_the_resolved_driver_else_the_id_prefix() -> None:
     assert not model.driver_matches("other", (D, "p", "d"), "other/p/d")
     assert model.driver_matches(D, None, f"{D}/p/d")
     assert not model.driver_matches(D, None, f"{D}x/p/d")
+
+
+def test_json_built_item_by_item_is_json_dumps_text() -> None:
+    rows = [
+        model.DeviceRow(
+            "n",
+            "id/with\nnewline",
+            "Unhealthy",
+            'say "hi"\n',
+            [model.PodUse("ns", "p", "c", None)],
+            (D, "pool", "a"),
+            [model.Taint("k", None, "None", "r")],
+            ["ns/c"],
+        ),
+        model.DeviceRow("n", "x", "Healthy", "", [], None),
+    ]
+    for chosen in (rows, []):
+        head, items = model.device_list(chosen)
+        expected = json.dumps({**head, "items": list(model.device_list(chosen)[1])}, indent=2)
+        assert render.document((head, items), "json") == expected + "\n"
+    head, items = model.device_list(rows)
+    assert (
+        yaml.safe_load(render.document((head, items), "yaml"))["items"][0]["message"]
+        == rows[0].message
+    )
