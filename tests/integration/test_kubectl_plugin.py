@@ -801,3 +801,21 @@ def test_readme_and_operations_show_the_real_devices_output(demo: str) -> None:
     shown = "\n".join("    " + line for line in text.splitlines())
     assert "    $ kubectl dra-health devices\n" + shown + "\n" in readme
     assert "$ kubectl dra-health devices\n" + text in (root / "docs" / "operations.md").read_text()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl on PATH")
+def test_kubectl_runs_the_plugin_found_on_path(demo: str) -> None:
+    kubectl = shutil.which("kubectl")
+    assert kubectl is not None
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(pathlib.Path(sys.executable).parent), env["PATH"]])
+    proc = subprocess.run(
+        [kubectl, "dra-health", "devices", "--kubeconfig", demo, "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [i["device"] for i in json.loads(proc.stdout)["items"]] == ["gpu-1", "gpu-3"]
