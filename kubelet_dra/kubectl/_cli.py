@@ -22,7 +22,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from kubelet_dra import claims as claims_mod
-from kubelet_dra import settings as settings_mod
 from kubelet_dra._kube_events import DEVICE_HEALTH_UNKNOWN, DEVICE_HEALTHY, DEVICE_UNHEALTHY
 from kubelet_dra.kubectl import _model as model
 from kubelet_dra.kubectl import _render as render
@@ -34,6 +33,9 @@ EVENT_REASONS = frozenset({DEVICE_UNHEALTHY, DEVICE_HEALTHY, DEVICE_HEALTH_UNKNO
 DEFAULT_SHOWN = frozenset({model.UNHEALTHY, model.UNKNOWN})
 WATCH_TIMEOUT = 300  # seconds per watch request; the loop starts the next one
 TAINT_REFRESH = 30.0  # seconds a watch reuses the DeviceTaintRules it read
+#: ``Settings.pod_condition_type``: its variable and default (a unit test keeps them equal).
+CONDITION_TYPE_VARIABLE = "KUBELET_DRA_POD_CONDITION_TYPE"
+DEFAULT_CONDITION_TYPE = "DeviceHealthy"
 _CLEAR = "\x1b[H\x1b[2J"
 Results = dict[claims_mod.ClaimKey, tuple[model.Result, ...]]
 
@@ -168,12 +170,12 @@ def _condition_type(ns: argparse.Namespace, environ: Mapping[str, str] = os.envi
     """``--condition-type``, else the sidecar's setting from its variable, else its default.
 
     Only this one variable is read: building the sidecar's whole ``Settings`` would make an
-    unrelated bad ``KUBELET_DRA_*`` value an error here.
+    unrelated bad ``KUBELET_DRA_*`` value an error here (and importing pydantic-settings
+    took a third of a second of start-up).
     """
     if ns.condition_type is not None:
         return str(ns.condition_type)
-    field = settings_mod.Settings.model_fields["pod_condition_type"]
-    return environ.get("KUBELET_DRA_POD_CONDITION_TYPE", str(field.default))
+    return environ.get(CONDITION_TYPE_VARIABLE, DEFAULT_CONDITION_TYPE)
 
 
 def _scope(ns: argparse.Namespace, context_namespace: str) -> Scope:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from kubelet_dra.kubectl import _model as model
@@ -159,3 +160,14 @@ def test_json_built_item_by_item_is_json_dumps_text() -> None:
         yaml.safe_load(render.document((head, items), "yaml"))["items"][0]["message"]
         == rows[0].message
     )
+
+
+def test_the_condition_type_default_and_variable_are_the_sidecars(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kubelet_dra.kubectl import _cli
+    from kubelet_dra.settings import Settings
+
+    assert Settings().pod_condition_type == _cli.DEFAULT_CONDITION_TYPE
+    monkeypatch.setenv(_cli.CONDITION_TYPE_VARIABLE, "example.com/Other")
+    assert Settings().pod_condition_type == "example.com/Other"
