@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None) -> int
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        return EXIT_OK if getattr(ns, "watch", False) else 130
+        return 130
 
 
 def _condition_type(ns: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> str:
@@ -201,6 +201,7 @@ class View:
         self.results: Results = {}
         self.reported = 0  # devices or entries before the health filter
         self._rules: tuple[float, list[dict[str, Any]]] | None = None
+        self.failed = False  # --fail-on matched in the last output
 
     def load(self) -> str:
         """List every pod in scope; returns the list's resourceVersion."""
@@ -247,10 +248,9 @@ class View:
             self.results[key] = model.claim_results(claim) if claim is not None else ()
 
     def render(self) -> tuple[str, bool]:
-        """The output and whether ``--fail-on`` matched."""
-        if self.command == "devices":
-            return self._devices()
-        return self._pod_rows()
+        """The output and whether ``--fail-on`` matched (kept in ``failed`` too)."""
+        text, self.failed = self._devices() if self.command == "devices" else self._pod_rows()
+        return text, self.failed
 
     def _devices(self) -> tuple[str, bool]:
         scope = self.scope
@@ -308,9 +308,14 @@ def _listing_command(
     view = View(reader, scope, ns.command)
     version = view.load()
     text, failed = view.render()
-    _emit(text, view, scope, out, first=True)
-    if ns.watch:
+    if not ns.watch:
+        _emit(text, view, scope, out, first=True)
+        return EXIT_FAILED_ON if failed else EXIT_OK
+    try:  # the first output inside: an interrupt may land as its write returns
+        _emit(text, view, scope, out, first=True)
         failed = _watch(view, version, ns, out, text=text, failed=failed)
+    except KeyboardInterrupt:  # the usual end of a watch: the last output decides
+        failed = view.failed
     return EXIT_FAILED_ON if failed else EXIT_OK
 
 

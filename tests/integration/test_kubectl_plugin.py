@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -819,3 +820,21 @@ def test_kubectl_runs_the_plugin_found_on_path(demo: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert [i["device"] for i in json.loads(proc.stdout)["items"]] == ["gpu-1", "gpu-3"]
+
+
+def test_interrupting_a_watch_exits_by_the_last_output(demo: str) -> None:
+    argv = [sys.executable, "-m", "kubelet_dra.kubectl", "--kubeconfig", demo, "devices", "-w"]
+    cases = (
+        (["--fail-on", "Unhealthy"], "NODE", 3),
+        (["--fail-on", "Unhealthy", "--node", "elsewhere", "-o", "json"], "{", 0),
+    )
+    for extra, first, expected in cases:
+        with subprocess.Popen(
+            [*argv, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ) as proc:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith(first)  # the first output is out
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        assert proc.returncode == expected, err
+        assert "Traceback" not in err
