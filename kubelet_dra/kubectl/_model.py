@@ -154,9 +154,9 @@ def pod_view(pod: Obj, condition_type: str) -> PodView:
             refs[str(ref["name"])] = str(name)
     resources: list[Resource] = []
     for field in _STATUS_FIELDS:
-        for cs in status.get(field) or ():
-            for entry in cs.get("allocatedResourcesStatus") or ():
-                for res in entry.get("resources") or ():
+        for cs in _dicts(status.get(field)):
+            for entry in _dicts(cs.get("allocatedResourcesStatus")):
+                for res in _dicts(entry.get("resources")):
                     resources.append(
                         Resource(
                             str(cs.get("name", "")),
@@ -178,6 +178,14 @@ def pod_view(pod: Obj, condition_type: str) -> PodView:
         str(meta.get("uid", "")), str(spec.get("nodeName") or ""), refs, tuple(resources),
         condition,
     )  # fmt: skip
+
+
+def _dicts(value: Any) -> list[Mapping[str, Any]]:
+    """The objects of a list field; anything else reads as empty (a proxy or an old
+    server may hand over odd shapes: the command shows what it can instead of failing)."""
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, Mapping)]
 
 
 def parse_entry(entry: str) -> tuple[str, str] | None:

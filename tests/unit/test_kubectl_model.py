@@ -171,3 +171,15 @@ def test_the_condition_type_default_and_variable_are_the_sidecars(
     assert Settings().pod_condition_type == _cli.DEFAULT_CONDITION_TYPE
     monkeypatch.setenv(_cli.CONDITION_TYPE_VARIABLE, "example.com/Other")
     assert Settings().pod_condition_type == "example.com/Other"
+
+
+def test_odd_shapes_in_a_status_are_skipped_not_fatal() -> None:
+    pod = make_pod("p", claims=["c"])
+    pod["status"]["containerStatuses"][0]["allocatedResourcesStatus"] = [
+        "not an object",
+        {"name": "claim:c", "resources": {"resourceID": "x"}},
+        {"name": "claim:c", "resources": [None, {"resourceID": "ok", "health": "Unhealthy"}]},
+    ]
+    pod["status"]["initContainerStatuses"] = "nonsense"
+    view = model.pod_view(pod, "DeviceHealthy")
+    assert [(r.resource_id, r.health) for r in view.resources] == [("ok", "Unhealthy")]
