@@ -183,15 +183,12 @@ class Handler(BaseHTTPRequestHandler):
         if method == "GET" and self._url_path.rstrip("/") == "/version":
             self._send(200, _VERSION)
             return
-        extra = (
-            ctx_generic.route(self._url_path)
-            if (ctx_generic := self.server.context.generic)
-            else None
-        )
-        if extra is not None and ctx_generic is not None:
+        extra_types = self.server.context.generic
+        extra = extra_types.route(self._url_path) if extra_types is not None else None
+        if extra_types is not None and extra is not None:
             if watch:
                 raise _method_not_allowed("WATCH")
-            self._send(*ctx_generic.handle(method, extra, self._query, self._body))
+            self._send(*extra_types.handle(method, extra, self._query, self._body))
             return
         route = parse_route(self._url_path)
         if (
@@ -347,7 +344,7 @@ def list_page(
         try:
             raw = json.loads(base64.urlsafe_b64decode(token.encode()))["start"]
             start = (str(raw[0]), str(raw[1]))
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, IndexError) as err:
             raise status.bad_request(f"continue key is not valid: {err}") from err
     try:
         limit = int(query.get("limit") or 0)
