@@ -63,7 +63,12 @@ def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
         return argparse.SUPPRESS if suppress else value
 
     add = parser.add_argument
-    add("-n", "--namespace", default=default(None), help="the namespace (default: the context's)")
+    add(
+        "-n",
+        "--namespace",
+        default=default(None),
+        help="only pods in this namespace (default: the context's; for devices, every namespace)",
+    )
     add("-A", "--all-namespaces", action="store_true", default=default(False),
         help="every namespace (the default of `devices`)")  # fmt: skip
     add("--kubeconfig", default=default(None), help="a kubeconfig file (default: KUBECONFIG)")
@@ -89,7 +94,14 @@ def _listing(parser: argparse.ArgumentParser) -> None:
     add("--health", type=_healths, default=None, metavar="HEALTH[,HEALTH]",
         help="show these healths (default: Unhealthy,Unknown)")  # fmt: skip
     add("--all", action="store_true", help="show every health, Healthy too")
-    add("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table")
+    add(
+        "-o",
+        "--output",
+        choices=("table", "wide", "json", "yaml"),
+        default="table",
+        help="wide adds taints and claims (devices) or the node (pods); json and yaml are "
+        "the documented kubelet-dra.io/v1alpha1 lists",
+    )
     add("-w", "--watch", action="store_true", help="redraw on every change")
     # Bounded watches, for tests and scripts: stop after N outputs or S seconds.
     add("--watch-max-redraws", type=int, default=0, help=argparse.SUPPRESS)
