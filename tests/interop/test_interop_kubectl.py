@@ -2,7 +2,8 @@
 
 Pods and claims are written as a kubelet and the scheduler would (``RealCluster``), with
 device health in ``allocatedResourcesStatus`` and our condition; a resource.k8s.io/v1
-DeviceTaintRule (GA and served by default in 1.37) taints one device. The plugin runs as a
+DeviceTaintRule (GA and served by default in 1.37) taints one device (and, on a server whose
+v1 does not serve DeviceTaintRules, a v1beta2 one: the fallback). The plugin runs as a
 process with the admin kubeconfig and with a read-only service account (a ClusterRole of
 get/list/watch), and must: resolve devices through the claims, show the rule's taint, page
 through pods, follow a watch, and report 403s as one-line errors (exit 1) except for
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from kubelet_dra.testing.fakeapi import make_claim, make_pod
 
@@ -235,3 +237,48 @@ def test_watch_follows_a_status_change(
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "gpu-2" in out and "Unknown" in out
+
+
+@pytest.mark.kube_apiserver(
+    runtime_config="resource.k8s.io/v1beta2=true,resource.k8s.io/v1/devicetaintrules=false"
+)
+def test_taints_come_from_v1beta2_when_v1_does_not_serve_them(
+    kube_apiserver: KubeApiServer, tmp_path: Path
+) -> None:
+    cluster = RealCluster(kube_apiserver)
+    try:
+        suffix = uuid.uuid4().hex[:8]
+        namespace, node, pool = f"beta-{suffix}", f"node-{suffix}", f"pool-{suffix}"
+        resources = [{"resourceID": f"{DRIVER}/{pool}/gpu-0", "health": "Unknown"}]
+        pod = cluster.create_pod(health_pod("p", namespace, node, "c", resources, "Unknown"))
+        cluster.create_claim(
+            make_claim(
+                "c", namespace, [(DRIVER, pool, "gpu-0", "gpus")], reserved_for=[pod], node=node
+            )
+        )
+        with pytest.raises(ApiException) as exc:  # the fallback is what this test is about
+            client.ResourceV1Api(cluster.api).list_device_taint_rule()
+        assert exc.value.status == 404
+        beta = client.ResourceV1beta2Api(cluster.api)
+        beta.create_device_taint_rule(
+            {
+                "apiVersion": "resource.k8s.io/v1beta2",
+                "kind": "DeviceTaintRule",
+                "metadata": {"name": f"beta-{suffix}"},
+                "spec": {
+                    "deviceSelector": {"pool": pool},
+                    "taint": {"key": "maintenance", "effect": "NoSchedule"},
+                },
+            }
+        )
+        try:
+            proc = plugin(kube_apiserver.kubeconfig, "devices", "-n", namespace, "-o", "json")
+        finally:
+            beta.delete_device_taint_rule(f"beta-{suffix}")
+        assert proc.returncode == 0, proc.stderr
+        taints = json.loads(proc.stdout)["items"][0]["taints"]
+        assert taints == [
+            {"key": "maintenance", "value": None, "effect": "NoSchedule", "rule": f"beta-{suffix}"}
+        ]
+    finally:
+        cluster.close()
