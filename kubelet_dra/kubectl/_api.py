@@ -4,7 +4,7 @@ Every request goes through ``ApiClient.param_serialize`` and ``call_api`` (the c
 level: its authentication, TLS and proxy settings apply) and the body is decoded with ``json``,
 so no model object is built: deserializing 10,000 ``V1Pod`` models took longer than the whole
 table may. Only GET is ever sent. Pods are listed in pages of ``limit`` items (kubectl's chunk
-size, 500) following ``continue``; ``--node`` becomes the field selector ``spec.nodeName=``.
+size, 500) following ``continue``, with the field selector the command asks for.
 
 Errors become :class:`ToolError`, a one-line message: an unreachable server, 401, 403 and any
 other answer the command cannot do without. :meth:`Reader.claim` answers ``None`` for a claim
@@ -148,13 +148,13 @@ class Reader:
     # -- pods ------------------------------------------------------------------------------
 
     def pod_pages(
-        self, namespace: str | None, node: str | None, out: dict[str, str] | None = None
+        self, namespace: str | None, field_selector: str, out: dict[str, str] | None = None
     ) -> Iterator[list[Obj]]:
         """Pods page by page; ``out["resourceVersion"]`` is the list's version at the end."""
         path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
         query: list[tuple[str, str]] = [("limit", str(self.page_size))]
-        if node:
-            query.append(("fieldSelector", f"spec.nodeName={node}"))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
         token = ""
         while True:
             page = self.get(path, [*query, ("continue", token)] if token else query)
@@ -175,7 +175,7 @@ class Reader:
     def watch_pods(
         self,
         namespace: str | None,
-        node: str | None,
+        field_selector: str,
         resource_version: str,
         timeout_seconds: int,
     ) -> Iterator[tuple[str, Obj]]:
@@ -187,8 +187,8 @@ class Reader:
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", str(timeout_seconds)),
         ]
-        if node:
-            query.append(("fieldSelector", f"spec.nodeName={node}"))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
         response = self._call(path, query, read_timeout=timeout_seconds + 30.0).response
         try:
             for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]

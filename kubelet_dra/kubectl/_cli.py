@@ -153,6 +153,16 @@ class Scope:
     condition_type: str
     output: str
 
+    running_only: bool = False  # leave out pods that have terminated
+
+    @property
+    def pod_selector(self) -> str:
+        """The field selector of the pod list and watch (the server filters)."""
+        terms = [f"spec.nodeName={self.node}"] if self.node else []
+        if self.running_only:
+            terms += ["status.phase!=Succeeded", "status.phase!=Failed"]
+        return ",".join(terms)
+
     @functools.cached_property
     def wanted(self) -> frozenset[str]:
         """What must be computed: what is shown and what ``--fail-on`` looks at."""
@@ -198,7 +208,12 @@ def _scope(ns: argparse.Namespace, context_namespace: str) -> Scope:
     else:  # `devices` is cluster-wide unless narrowed; `pods` follows kubectl get pods
         namespace = None if ns.command == "devices" else context_namespace
     shown = frozenset(model.HEALTH_VALUES) if ns.all else (ns.health or DEFAULT_SHOWN)
-    return Scope(namespace, ns.node, ns.driver, shown, ns.fail_on, _condition_type(ns), ns.output)
+    # A terminated pod keeps its last report (written for its post-mortem, e.g. a Job's
+    # podFailurePolicy): `pods` shows it, but it says nothing about the device any more.
+    return Scope(
+        namespace, ns.node, ns.driver, shown, ns.fail_on, _condition_type(ns), ns.output,
+        running_only=ns.command == "devices",
+    )  # fmt: skip
 
 
 # -- devices and pods ----------------------------------------------------------------------
@@ -222,7 +237,7 @@ class View:
         resolve = self.command == "devices" or self.scope.driver is not None
         fetcher = ClaimFetcher(self.reader, self.scope.namespace, model.claim_results)
         with fetcher:
-            for page in self.reader.pod_pages(self.scope.namespace, self.scope.node, meta):
+            for page in self.reader.pod_pages(self.scope.namespace, self.scope.pod_selector, meta):
                 for pod in page:
                     view = self.apply("ADDED", pod)
                     if resolve and view is not None:
@@ -363,7 +378,7 @@ def _feed(
 ) -> None:
     """One watch request's events into ``events``, then an :class:`_End`."""
     try:
-        for event in reader.watch_pods(scope.namespace, scope.node, version, timeout):
+        for event in reader.watch_pods(scope.namespace, scope.pod_selector, version, timeout):
             events.put(event)
     except BaseException as exc:  # handed to the main thread, which raises it
         events.put(_End(exc))

@@ -169,8 +169,9 @@ def test_node_is_a_field_selector_and_driver_filters(api: FakeApiServer, demo: s
     code, text = run(demo, "devices", "--node", "node-2")
     assert code == 0
     assert [r[:4] for r in rows(text)] == [["node-2", "fpga.example.com", "node-2", "f0"]]
+    running = "status.phase!=Succeeded,status.phase!=Failed"
     assert all(
-        r.query.get("fieldSelector") == "spec.nodeName=node-2"
+        r.query.get("fieldSelector") == f"spec.nodeName=node-2,{running}"
         for r in api.requests
         if r.path == "/api/v1/pods"
     )
@@ -178,6 +179,22 @@ def test_node_is_a_field_selector_and_driver_filters(api: FakeApiServer, demo: s
     assert code == 0 and {r[1] for r in rows(text)} == {DRIVER}
     code, text = run(demo, "pods", "-A", "--driver", "fpga.example.com")
     assert code == 0 and [r[1] for r in rows(text)] == ["far"]
+
+
+def test_devices_leave_out_terminated_pods_which_pods_still_shows(
+    api: FakeApiServer, demo: str
+) -> None:
+    # A Job's pod failed on gpu-2 (its post-mortem status says Unhealthy); gpu-2 went back to
+    # the pool and train-2 reports it Healthy now.
+    api.create_claim(make_claim("job-gpu", results=[(DRIVER, NODE, "gpu-2", "gpus")], node=NODE))
+    failed = make_pod("job-x", NODE, claims=["job-gpu"], phase="Failed")
+    entry = {"name": "claim:job-gpu", "resources": [resource(rid("gpu-2"), "Unhealthy", XID)]}
+    api.create_pod(with_health(failed, [entry]))
+    code, text = run(demo, "devices", "--all")
+    assert code == 0 and next(r for r in rows(text) if r[3] == "gpu-2")[5] == "Healthy"
+    assert "job-x" not in text
+    code, text = run(demo, "pods", "--health", "Unhealthy")
+    assert "job-x" in text
 
 
 def test_json_is_the_documented_schema(demo: str) -> None:
