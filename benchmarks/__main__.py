@@ -27,6 +27,7 @@ SCENARIOS = (
     "memory",
     "apiload",
     "deadline",
+    "kubectl",
 )
 
 

@@ -39,6 +39,7 @@ import kubernetes.client
 from kubelet_dra.testing import _fakeapi_builders as builders
 from kubelet_dra.testing import _fakeapi_cluster as cluster
 from kubelet_dra.testing import _fakeapi_faults as faults
+from kubelet_dra.testing import _fakeapi_generic as generic
 from kubelet_dra.testing import _fakeapi_http as http
 from kubelet_dra.testing import _fakeapi_ops as ops
 from kubelet_dra.testing import _fakeapi_store as storage
@@ -118,6 +119,7 @@ class FakeApiServer:
         self._backend = ops.Backend(self._store)
         self._faults = faults.Faults()
         self._log = faults.RequestLog()
+        self._generic = generic.GenericResources(self._store)
         self._context = http.Context(
             backend=self._backend,
             faults=self._faults,
@@ -125,6 +127,7 @@ class FakeApiServer:
             token=token,
             bookmark_interval=bookmark_interval,
             max_watch_seconds=max_watch_seconds,
+            generic=self._generic,
         )
         self._server: http.Server | None = None
         self._thread: threading.Thread | None = None
@@ -267,6 +270,25 @@ class FakeApiServer:
         everything = storage.Selector(storage.EVENTS)
         core = self._store.select(storage.EVENTS, namespace, everything)[0]
         return core + self._store.select(storage.EVENTS_V1, namespace, everything)[0]
+
+    # extra resource types (stored as given; list, get, create, delete; no watch)
+
+    def serve_resource(
+        self, group_version: str, plural: str, kind: str, *, namespaced: bool = False
+    ) -> None:
+        """Serve another type, e.g. ``("resource.k8s.io/v1", "devicetaintrules",
+        "DeviceTaintRule")``; until then its URLs answer 404 as on a server without it."""
+        self._generic.serve(generic.GenericResource(group_version, plural, kind, namespaced))
+
+    def create_object(self, group_version: str, plural: str, obj: Obj) -> Obj:
+        namespace = (obj.get("metadata") or {}).get("namespace") or ""
+        return self._generic.create(group_version, plural, obj, namespace)
+
+    def delete_object(self, group_version: str, plural: str, name: str, namespace: str = "") -> Obj:
+        return self._generic.delete(group_version, plural, name, namespace)
+
+    def objects(self, group_version: str, plural: str) -> list[Obj]:
+        return self._generic.objects(group_version, plural)
 
     @property
     def resource_version(self) -> int:
