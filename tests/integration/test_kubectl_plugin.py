@@ -22,6 +22,7 @@ import kubernetes.client
 import pytest
 import yaml
 
+from kubelet_dra import claims
 from kubelet_dra.kubectl import _api, _cli, main
 from kubelet_dra.kubectl import _config as config
 from kubelet_dra.testing import FakeApiServer, make_claim, make_pod
@@ -563,10 +564,10 @@ def test_many_claims_are_read_with_one_paged_list(api: FakeApiServer) -> None:
         with _api.ClaimFetcher(
             reader, None, lambda c: c["metadata"]["name"], get_limit=2
         ) as fetcher:
-            fetcher.want(_api.ClaimKey("default", f"c{i}") for i in range(4))
-            fetcher.want([_api.ClaimKey("default", "missing")])
+            fetcher.want(claims.ClaimKey("default", f"c{i}") for i in range(4))
+            fetcher.want([claims.ClaimKey("default", "missing")])
             found = fetcher.results()
-    assert found == {_api.ClaimKey("default", f"c{i}"): f"c{i}" for i in range(4)}
+    assert found == {claims.ClaimKey("default", f"c{i}"): f"c{i}" for i in range(4)}
     claim_lists = [r for r in api.requests if r.path == "/apis/resource.k8s.io/v1/resourceclaims"]
     assert [r.query.get("limit") for r in claim_lists] == ["3", "3"]
 

@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from kubelet_dra import claims
 from kubelet_dra.kubectl import _model as model
 from kubelet_dra.kubectl import _render as render
 from kubelet_dra.testing import make_claim, make_pod
@@ -102,7 +103,7 @@ def test_a_device_row_takes_the_worst_health_and_every_user() -> None:
     assert model.device_groups(pods, frozenset({"Unknown", "Healthy"})) == ({}, 1)
     assert model.device_groups(pods, frozenset({"Unhealthy"}))[0] == groups
     key, members = next(iter(groups.items()))
-    results = {model.claims_mod.ClaimKey("default", "c"): model.claim_results(claim)}
+    results = {claims.ClaimKey("default", "c"): model.claim_results(claim)}
     row = model.device_row(key, members, results)
     assert (row.health, row.message, row.device) == ("Unhealthy", "p3 says", (D, "pool", "a"))
     assert [u.name for u in row.pods] == ["p1", "p2", "p3"] and row.claims == ["default/c"]
