@@ -1,4 +1,4 @@
-"""The FakeApiServer's extra resource types, through the official client's CustomObjectsApi."""
+"""The FakeApiServer's type registry, through the official client's CustomObjectsApi."""
 
 from __future__ import annotations
 
@@ -8,23 +8,22 @@ from kubernetes.client.exceptions import ApiException
 
 from kubelet_dra.testing import FakeApiServer
 
-GROUP, PLURAL = "resource.k8s.io", "devicetaintrules"
+GROUP, PLURAL, KIND = "example.com", "widgets", "Widget"
 
 
 def test_served_types_list_in_pages_get_create_and_delete() -> None:
     with FakeApiServer() as api, api.api_client() as client:
-        api.device_taint_versions = ()  # the modelled resource off: only what is asked for
         custom = kubernetes.client.CustomObjectsApi(client)
         with pytest.raises(ApiException) as exc:
             custom.list_cluster_custom_object(GROUP, "v1", PLURAL)
         assert exc.value.status == 404, "not served until asked"
-        api.serve_resource(f"{GROUP}/v1", PLURAL, "DeviceTaintRule")
+        api.serve_resource(f"{GROUP}/v1", PLURAL, KIND)
         for name in ("c", "a", "b"):
             api.create_object(f"{GROUP}/v1", PLURAL, {"metadata": {"name": name}, "spec": {}})
         created = custom.create_cluster_custom_object(
             GROUP, "v1", PLURAL, {"metadata": {"name": "d", "labels": {"x": "y"}}}
         )
-        assert created["kind"] == "DeviceTaintRule" and "namespace" not in created["metadata"]
+        assert created["kind"] == KIND and "namespace" not in created["metadata"]
         first = custom.list_cluster_custom_object(GROUP, "v1", PLURAL, limit=3)
         assert [i["metadata"]["name"] for i in first["items"]] == ["a", "b", "c"]
         assert first["metadata"]["remainingItemCount"] == 1
