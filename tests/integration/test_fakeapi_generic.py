@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import kubernetes.client
 import pytest
@@ -58,7 +59,8 @@ def test_a_served_type_is_in_discovery_and_watched_like_a_modelled_one() -> None
         assert [(r.name, r.namespaced) for r in doc.resources] == [(PLURAL, True)]
         listed = custom.list_namespaced_custom_object(GROUP, "v1", "team", PLURAL)
         api.create_object(f"{GROUP}/v1", PLURAL, {"metadata": {"name": "w", "namespace": "team"}})
-        stream = custom.list_namespaced_custom_object(
+        # With _preload_content=False the client answers the raw urllib3 response.
+        stream: Any = custom.list_namespaced_custom_object(
             GROUP,
             "v1",
             "team",
