@@ -161,13 +161,7 @@ class Api:
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """One pod, read through ``pods/<name>/status``; 404 is ``errors.PodGone``."""
-        return self._call(
-            f"get pod {namespace}/{name}",
-            lambda: self._core.read_namespaced_pod_status(
-                name, namespace, _preload_content=False, _request_timeout=_TIMEOUT
-            ),
-            pod=True,
-        )
+        return self._read("pod", self._core.read_namespaced_pod_status, namespace, name, pod=True)
 
     def json_patch_pod_status(
         self, namespace: str, name: str, ops: list[dict[str, Any]]
@@ -186,11 +180,8 @@ class Api:
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """One ``resource.k8s.io/v1`` ResourceClaim."""
-        return self._call(
-            f"get ResourceClaim {namespace}/{name}",
-            lambda: self._resource.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False, _request_timeout=_TIMEOUT
-            ),
+        return self._read(
+            "ResourceClaim", self._resource.read_namespaced_resource_claim, namespace, name
         )
 
     # -- events --------------------------------------------------------------
@@ -215,6 +206,15 @@ class Api:
         )  # fmt: skip
 
     # -- internals -----------------------------------------------------------
+
+    def _read(
+        self, kind: str, read: Callable[..., Any], namespace: str, name: str, *, pod: bool = False
+    ) -> dict[str, Any]:
+        return self._call(
+            f"get {kind} {namespace}/{name}",
+            lambda: read(name, namespace, _preload_content=False, _request_timeout=_TIMEOUT),
+            pod=pod,
+        )
 
     def _call(self, what: str, send: Callable[[], Any], *, pod: bool = False) -> dict[str, Any]:
         self.calls += 1
