@@ -1,10 +1,12 @@
 """Build the Go binaries of the interop tests once per version into a cache directory.
 
 Each artifact is a small Go module under ``tests/interop`` (the two scripted test drivers,
-kube-apiserver, etcd). A binary is stored under
+kube-apiserver, etcd) or elsewhere (``root``: the kubelet twins of ``tests/conformance``,
+built through :func:`ensure_artifact`). A binary is stored under
 ``<cache>/<name>-<upstream version>/<source hash>/<binary>``, where ``<cache>`` is
 ``$KUBELET_DRA_INTEROP_CACHE`` or ``~/.cache/kubelet-dra/interop`` and the source hash covers
-the module's go.mod, go.sum and Go files plus the Go version, so a second run reuses the
+the module's go.mod, go.sum and Go files plus the Go version (and any extra build
+environment, e.g. ``GOTOOLCHAIN``), so a second run reuses the
 binary and an edit of the driver rebuilds it. The Go module and build caches stay wherever
 ``go env`` puts them (never inside the repository).
 
@@ -52,7 +54,7 @@ class BuildFailed(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class GoArtifact:
-    """One Go binary built from a module directory below ``tests/interop``."""
+    """One Go binary built from a module directory below ``root`` (``tests/interop``)."""
 
     name: str
     version: str
@@ -61,10 +63,14 @@ class GoArtifact:
     #: Other module directories (relative to tests/interop) whose sources the build uses.
     extra_sources: tuple[str, ...] = ()
     ldflags: str = "-s -w"
+    #: The directory ``module`` and ``extra_sources`` are relative to.
+    root: Path = INTEROP_DIR
+    #: Extra environment for every go command (e.g. ``GOTOOLCHAIN``); part of the cache key.
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def module_dir(self) -> Path:
-        return INTEROP_DIR / self.module
+        return self.root / self.module
 
 
 def _k8s_ldflags(version: str) -> str:
@@ -125,8 +131,9 @@ def cache_root() -> Path:
     return Path("~/.cache/kubelet-dra/interop").expanduser()
 
 
-def _go_env() -> dict[str, str]:
+def _go_env(extra: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(extra)
     env["GOWORK"] = "off"
     flags = env.get("GOFLAGS", "")
     if "-mod=" not in flags:
@@ -155,22 +162,31 @@ def go_unavailable_reason() -> str | None:
     return None
 
 
-def _go_version() -> str:
-    proc = subprocess.run(
-        ["go", "env", "GOVERSION"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=_go_env(),
-        check=True,
-    )
+def _go_version(extra: Sequence[tuple[str, str]] = ()) -> str:
+    # Under GOTOOLCHAIN=<version> this fetches that toolchain: an unavailable one (no
+    # module proxy) is an environment problem, so it is reported as unavailable.
+    try:
+        proc = subprocess.run(
+            ["go", "env", "GOVERSION"],
+            capture_output=True,
+            text=True,
+            timeout=DOWNLOAD_TIMEOUT,
+            env=_go_env(extra),
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise BuildUnavailable(f"`go env GOVERSION` with {dict(extra)} timed out") from None
+    if proc.returncode != 0:
+        raise BuildUnavailable(
+            f"`go env GOVERSION` with {dict(extra)} failed: {_tail(proc.stderr, 600)}"
+        )
     return proc.stdout.strip()
 
 
 def _source_files(artifact: GoArtifact) -> list[Path]:
     files: list[Path] = []
     for rel in (artifact.module, *artifact.extra_sources):
-        base = INTEROP_DIR / rel
+        base = artifact.root / rel
         for path in sorted(base.rglob("*")):
             if path.is_file() and (path.suffix == ".go" or path.name in ("go.mod", "go.sum")):
                 files.append(path)
@@ -181,8 +197,10 @@ def source_key(artifact: GoArtifact, go_version: str) -> str:
     """Hash of everything that decides the binary: sources, Go version, link flags."""
     digest = hashlib.sha256()
     digest.update(f"{go_version}\0{artifact.ldflags}\0".encode())
+    for key, value in artifact.env:
+        digest.update(f"env {key}={value}\0".encode())
     for path in _source_files(artifact):
-        digest.update(str(path.relative_to(INTEROP_DIR)).encode() + b"\0")
+        digest.update(str(path.relative_to(artifact.root)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -205,14 +223,16 @@ def build_info(path: Path) -> dict[str, object]:
     return loaded if isinstance(loaded, dict) else {}
 
 
-def _run(cmd: Sequence[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+def _run(
+    cmd: Sequence[str], cwd: Path, timeout: float, extra: Sequence[tuple[str, str]] = ()
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         list(cmd),
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_go_env(),
+        env=_go_env(extra),
         check=False,
     )
 
@@ -224,11 +244,15 @@ def _tail(text: str, limit: int = 1500) -> str:
 
 def ensure(name: str, *, log: bool = True) -> Path:
     """Return the cached binary for artifact ``name``, building it first if needed."""
-    artifact = ARTIFACTS[DRIVER_ALIASES.get(name, name)]
+    return ensure_artifact(ARTIFACTS[DRIVER_ALIASES.get(name, name)], log=log)
+
+
+def ensure_artifact(artifact: GoArtifact, *, log: bool = True) -> Path:
+    """Return the cached binary of ``artifact``, building it first if needed."""
     reason = go_unavailable_reason()
     if reason is not None:
         raise BuildUnavailable(reason)
-    go_version = _go_version()
+    go_version = _go_version(artifact.env)
     target = binary_path(artifact, go_version)
     if target.exists():
         return target
@@ -248,7 +272,9 @@ def ensure(name: str, *, log: bool = True) -> Path:
         # Step 1: resolve and download only what the build needs. A failure here is an
         # environment problem (no module proxy), not a bug: report it as unavailable.
         try:
-            listed = _run(["go", "list", "-deps", "."], artifact.module_dir, DOWNLOAD_TIMEOUT)
+            listed = _run(
+                ["go", "list", "-deps", "."], artifact.module_dir, DOWNLOAD_TIMEOUT, artifact.env
+            )
         except subprocess.TimeoutExpired:
             raise BuildUnavailable(
                 f"downloading Go modules for {artifact.name} timed out "
@@ -266,6 +292,7 @@ def ensure(name: str, *, log: bool = True) -> Path:
                 ["go", "build", "-trimpath", "-ldflags", artifact.ldflags, "-o", str(tmp), "."],
                 artifact.module_dir,
                 BUILD_TIMEOUT,
+                artifact.env,
             )
         except subprocess.TimeoutExpired:
             tmp.unlink(missing_ok=True)

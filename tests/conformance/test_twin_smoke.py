@@ -1,0 +1,180 @@
+"""Smoke test of the kubelet twin on every upstream line: the kubelet's own DRA manager
+(``pkg/kubelet/cm/dra``, built from the module proxy) registers our FakeDriver, prepares a
+pod's claim through it, receives an Unhealthy report on its health stream and computes the
+pod's ``allocatedResourcesStatus`` and its ``dra_health_state`` checkpoint.
+
+What this pins per line: which health API version the manager watches, which DRA API it
+prepares through, whether the message reaches the status and the checkpoint, and the
+``claim:<name>[/<request>]`` naming. The scenario runner relies on all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kubelet_dra.testing import FakeDriver
+from tests.conformance import _twin
+
+pytestmark = [pytest.mark.conformance, pytest.mark.timeout(60, func_only=True)]
+
+DRIVER = "gpu.example.com"
+POOL = "pool-a"
+DEVICE = "gpu-0"
+NAMESPACE = "default"
+CLAIM = "claim-1"
+POD_UID = "pod-uid-1"
+MESSAGE = "ECC errors: 3 uncorrectable"
+
+
+@pytest.fixture(scope="module", params=_twin.LINES)
+def line(request: pytest.FixtureRequest) -> tuple[str, pathlib.Path]:
+    """(version, binary) for each line; the build runs outside the test's timeout."""
+    version: str = request.param
+    return version, _twin.require_binary(version)
+
+
+@pytest.fixture
+def sockdir() -> Iterator[pathlib.Path]:
+    # Short, so the unix socket paths stay under the 108-byte limit.
+    path = pathlib.Path(tempfile.mkdtemp(prefix="kt", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _claim() -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": CLAIM, "namespace": NAMESPACE, "uid": "claim-uid-1"},
+        "spec": {
+            "devices": {"requests": [{"name": "req-0", "exactly": {"deviceClassName": "gpu"}}]}
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "req-0", "driver": DRIVER, "pool": POOL, "device": DEVICE}
+                    ]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": "pod-1", "uid": POD_UID}],
+        },
+    }
+
+
+def _pod() -> dict[str, Any]:
+    # Container "whole" names the claim; "one" names its request: the kubelet calls the
+    # entries "claim:gpu" and "claim:gpu/req-0".
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "pod-1", "namespace": NAMESPACE, "uid": POD_UID},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": CLAIM}],
+            "containers": [
+                {"name": "whole", "image": "x", "resources": {"claims": [{"name": "gpu"}]}},
+                {
+                    "name": "one",
+                    "image": "x",
+                    "resources": {"claims": [{"name": "gpu", "request": "req-0"}]},
+                },
+                {"name": "none", "image": "x"},
+            ],
+        },
+        "status": {
+            "containerStatuses": [{"name": "whole"}, {"name": "one"}, {"name": "none"}],
+        },
+    }
+
+
+async def test_unhealthy_report_reaches_the_pod_status(
+    line: tuple[str, pathlib.Path], sockdir: pathlib.Path
+) -> None:
+    version, path = line
+    driver = FakeDriver(
+        DRIVER,
+        registry=sockdir / "reg",
+        plugin_dir=sockdir / "plugin",
+        health_versions=("v1", "v1alpha1"),
+        dra_versions=("v1", "v1beta1"),
+    )
+    driver.prepare_devices = [{"pool": POOL, "device": DEVICE, "requests": ["req-0"]}]
+    state_dir = sockdir / "state"
+    twin = _twin.Twin(version, path=path)
+    call = asyncio.to_thread  # the twin's client blocks; the driver serves on this loop
+    async with driver:
+        with twin:
+            started = await call(twin.start, state_dir)
+            assert started["version"] == version
+            await call(twin.claims, [_claim()])
+            await call(twin.register, DRIVER, str(driver.dra_socket), driver.supported_versions)
+            await driver.wait_for_streams(1, timeout=10.0)
+
+            prepared = await call(twin.prepare, _pod())
+            assert "error" not in prepared, prepared
+
+            await driver.set_health(
+                {"pool": POOL, "device": DEVICE, "health": "Unhealthy", "message": MESSAGE}
+            )
+            await call(twin.wait_state, DRIVER, POOL, DEVICE, health="Unhealthy")
+            synced = await call(twin.sync, [_pod()], settle_ms=200)
+            checkpoint = (await call(twin.state))["state"]
+            await call(twin.stop)
+
+    # The manager opened the newest health API it knows and prepared through DRA v1.
+    newest = _twin.HEALTH_VERSIONS[version][0]
+    assert driver.calls[f"NodeWatchResources/{newest}"] == 1
+    assert sum(n for k, n in driver.calls.items() if k.startswith("NodeWatchResources/")) == 1
+    assert driver.calls["NodePrepareResources/v1"] == 1
+    assert driver.calls["NodePrepareResources/v1beta1"] == 0
+
+    assert synced["announced"] == [POD_UID]
+    assert synced["updates"] == [[POD_UID]]
+    health: dict[str, Any] = {"resourceID": f"{DRIVER}/{POOL}/{DEVICE}", "health": "Unhealthy"}
+    if version in _twin.MESSAGE_LINES:
+        health["message"] = MESSAGE
+    statuses = {
+        s["name"]: sorted(s.get("allocatedResourcesStatus") or [], key=lambda r: r["name"])
+        for s in synced["statuses"][POD_UID]["containerStatuses"]
+    }
+    assert statuses == {
+        "whole": [{"name": "claim:gpu", "resources": [health]}],
+        "one": [{"name": "claim:gpu/req-0", "resources": [health]}],
+        "none": [],
+    }
+
+    entry = checkpoint[DRIVER]["Devices"][f"{POOL}/{DEVICE}"]
+    assert entry["PoolName"] == POOL
+    assert entry["DeviceName"] == DEVICE
+    assert entry["Health"] == "Unhealthy"
+    if version in _twin.MESSAGE_LINES:
+        assert entry["Message"] == MESSAGE
+    else:
+        assert "Message" not in entry
+
+
+async def test_refused_registration_is_a_reply(
+    line: tuple[str, pathlib.Path], sockdir: pathlib.Path
+) -> None:
+    """A driver with no DRA service the kubelet knows is refused, and the twin keeps serving.
+
+    The manager writes no health checkpoint before the first report."""
+    version, path = line
+    with _twin.Twin(version, path=path) as twin:
+        await asyncio.to_thread(twin.start, sockdir / "state")
+        refused = await asyncio.to_thread(
+            twin.register, DRIVER, str(sockdir / "dra.sock"), ["v9.DRAPlugin"], check=False
+        )
+        assert refused["ok"] is False
+        assert "v9.DRAPlugin" in refused["error"]
+        state = await asyncio.to_thread(twin.state)
+        assert state == {"ok": True, "state": None, "raw": None}
