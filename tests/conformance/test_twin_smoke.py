@@ -178,3 +178,30 @@ async def test_refused_registration_is_a_reply(
         assert "v9.DRAPlugin" in refused["error"]
         state = await asyncio.to_thread(twin.state)
         assert state == {"ok": True, "state": None, "raw": None}
+
+
+async def test_health_stream_without_advertised_service(
+    line: tuple[str, pathlib.Path], sockdir: pathlib.Path
+) -> None:
+    """Up to 1.36 the manager opens v1alpha1 for every driver; from 1.37 only if advertised."""
+    version, path = line
+    driver = FakeDriver(
+        DRIVER,
+        registry=sockdir / "reg",
+        plugin_dir=sockdir / "plugin",
+        health_versions=("v1alpha1",),
+        supported_versions=["v1.DRAPlugin"],
+    )
+    call = asyncio.to_thread
+    async with driver:
+        with _twin.Twin(version, path=path) as twin:
+            await call(twin.start, sockdir / "state")
+            await call(twin.register, DRIVER, str(driver.dra_socket), ["v1.DRAPlugin"])
+            if "v1" in _twin.HEALTH_VERSIONS[version]:
+                # Nothing to wait for: give the manager the time it takes to open a stream
+                # (about 50 ms) many times over, then check that it did not.
+                await asyncio.sleep(1.0)
+                assert driver.calls["NodeWatchResources/v1alpha1"] == 0
+            else:
+                await driver.wait_for_streams(1, timeout=10.0)
+            await call(twin.stop)
