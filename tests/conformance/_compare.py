@@ -162,14 +162,14 @@ def checkpoint_rows(state: Any) -> list[dict[str, Any]]:
                         "lease": f"{twin_lease(entry):g}s",
                     }
                 )
-    return sorted(rows, key=_row_key)
+    return sorted(rows, key=row_key)
 
 
 def _stored(value: Any) -> str:
     return str(value) if value in ("Healthy", "Unhealthy", "Unknown") else "Unknown"
 
 
-def _row_key(row: Mapping[str, Any]) -> tuple[str, str, str]:
+def row_key(row: Mapping[str, Any]) -> tuple[str, str, str]:
     return (str(row["driver"]), str(row["pool"]), str(row["device"]))
 
 
@@ -181,13 +181,13 @@ def compare_cli(
             {k: row[k] for k in ("driver", "pool", "device", "stored", "message", "lease")}
             for row in cli_rows
         ),
-        key=_row_key,
+        key=row_key,
     )
     theirs = checkpoint_rows(state)
     if mine == theirs:
         return []
-    a = {_row_key(r): r for r in mine}
-    b = {_row_key(r): r for r in theirs}
+    a = {row_key(r): r for r in mine}
+    b = {row_key(r): r for r in theirs}
     found = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):

@@ -57,8 +57,8 @@ class OurSide:
             startup_grace=0.0,
             # Reconnects well before the kubelet's fixed 5 s, never near it, so a
             # sync point can sit between the two or after both.
-            stream_backoff_initial=2.0,
-            stream_backoff_max=2.0,
+            stream_backoff_initial=_runner_reconnect(),
+            stream_backoff_max=_runner_reconnect(),
             store_flush_interval=0.1,
             metrics_address="",
             pod_condition_type="",
@@ -117,10 +117,16 @@ class OurSide:
         ns = str(pod["metadata"]["namespace"])
         uid = str(pod["metadata"]["uid"])
         todo: list[Obj] = []
+        recorded = {
+            str(entry.get("name")) for entry in pod.get("status", {}).get("resourceClaimStatuses") or ()
+        }
         for ref in pod["spec"].get("resourceClaims") or ():
             name, _ = claims.resolve_claim_name(pod, str(ref["name"]))
+            if ref.get("resourceClaimTemplateName") and str(ref["name"]) not in recorded:
+                # resourceclaim.Name: the generated claim is not recorded yet.
+                return "ResourceClaim not created yet"
             if name is None:
-                continue
+                continue  # recorded as "no claim needed"
             obj = claim_objects.get(name)
             if obj is None:
                 return f"ResourceClaim {name} not found"
@@ -246,6 +252,12 @@ class OurSide:
             health, message = cache.get(models.DeviceKey(*key), now).visible(now)
             out[key] = (health.value, message)
         return out
+
+
+def _runner_reconnect() -> float:
+    from tests.conformance import _runner
+
+    return _runner.OUR_RECONNECT[1]
 
 
 def _fresh_status(pod: Obj) -> dict[str, Any]:

@@ -47,7 +47,9 @@ FEATURES: dict[str, str] = {
     "health-timeout": "per-device health timeouts (kubelet 1.35)",
 }
 
-KINDS = ("status", "announced", "devices", "registration", "prepare", "checkpoint", "twin")
+KINDS = (
+    "status", "announced", "devices", "stored", "registration", "prepare", "checkpoint", "twin",
+)
 """What is compared; a declared difference names the kinds it shows up in."""
 
 Health = Literal["Healthy", "Unhealthy", "Unknown"] | int
@@ -393,8 +395,14 @@ class Scenario(_Model):
     pods: tuple[Pod, ...] = ()
     checkpoint: str | None = None
     """Text of a ``dra_health_state`` the twin starts from."""
+    compare_stored: bool = False
+    """Also compare which devices each side stores (our store through ``cache show
+    --state-dir``, the twin's checkpoint) at every sync point."""
     timeline: tuple[Step, ...]
     differences: tuple[Difference, ...] = ()
+    known_bug: str = ""
+    """An undeclared difference found and reported but not fixed yet: the test is an
+    expected failure until the fix lands (then it must pass, and this goes)."""
     generated: bool = False
 
     @pydantic.field_validator("lines", mode="before")
