@@ -292,7 +292,7 @@ class Step(_Model):
     """One timeline entry: ``{<kind>: <arguments>}``."""
 
     kind: str
-    args: _Step
+    args: pydantic.SerializeAsAny[_Step]
 
 
 def _parse_step(raw: Any, index: int) -> Step:
