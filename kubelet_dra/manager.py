@@ -370,7 +370,11 @@ class DRAHealthManager:
             last_report={
                 d: s.last_report for d, s in self.plugins.drivers.items() if s.last_report
             },
-            refused=dict(self.plugins.refused),
+            refused={
+                **self.plugins.refused,
+                **{(d, healthinfo.CAP_REASON): n for d, n in self.cache.refused.items()},
+            },
+            registrations_refused=dict(self.watcher.refused) if self.watcher else {},
             devices=dict(devices),
             lease_expiries=self.plugins.lease_expiries + self._expired_at_start,
             pod_writes={**dict.fromkeys(POD_WRITE_RESULTS, 0), **(stats.results if stats else {})},

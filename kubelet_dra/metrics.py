@@ -59,6 +59,7 @@ class State:
     device_updates: Mapping[str, int] = dataclasses.field(default_factory=dict)
     last_report: Mapping[str, float] = dataclasses.field(default_factory=dict)
     refused: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    registrations_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
     devices: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     lease_expiries: int = 0
     pod_writes: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -149,7 +150,15 @@ def _driver_metrics(state: State) -> Iterator[core.Metric]:
     )
     for (driver, reason), count in state.refused.items():
         refused.add_metric([driver, reason], count)
-    yield from (reports, updates, age, refused)
+    # No driver label: a refused name may be anything (up to any length).
+    registrations = _counter(
+        "registrations_refused",
+        "Plugin registrations refused by validation, by reason.",
+        ["reason"],
+    )
+    for reason, count in state.registrations_refused.items():
+        registrations.add_metric([reason], count)
+    yield from (reports, updates, age, refused, registrations)
 
 
 def _device_metrics(state: State) -> Iterator[core.Metric]:

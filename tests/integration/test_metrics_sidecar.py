@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import parser
 
-from kubelet_dra import manager, settings
+from kubelet_dra import healthinfo, manager, settings
 from kubelet_dra.testing import FakeApiServer, FakeDriver
 
 from ._driver_fixtures import wait_until
@@ -29,6 +29,8 @@ FAMILIES = {
     "kubelet_dra_reports": "counter",
     "kubelet_dra_device_updates": "counter",
     "kubelet_dra_refused": "counter",
+    # issue 11: registrations refused by validation (kubelet v1.38), by reason
+    "kubelet_dra_registrations_refused": "counter",
     # devices by health, lease expiries
     "kubelet_dra_devices": "gauge",
     "kubelet_dra_lease_expiries": "counter",
@@ -197,3 +199,21 @@ async def test_metric_values_follow_the_pipeline(
         assert (fourth.value("kubelet_dra_stream_reconnects_total", driver=DRIVER) or 0) >= 1
         assert fourth.value("kubelet_dra_pending_pods") is not None
         assert fourth.value("kubelet_dra_store_degraded") == 0
+
+
+async def test_cap_and_refused_registrations_are_counted(
+    sockdir: pathlib.Path, api: FakeApiServer, driver: FakeDriver
+) -> None:
+    # kubelet v1.37.2 caps a driver at 16,384 devices; v1.38 validates names.
+    cap = healthinfo.MAX_DEVICES_PER_DRIVER
+    await driver.set_health(device("gpu-0"), *(device(f"extra-{i}") for i in range(cap + 1)))
+    async with FakeDriver("Bad_Name", registry=sockdir / "reg") as bad:
+        async with manager.Sidecar(config(sockdir, api)) as sidecar:
+            await wait_until(lambda: health_of(api, "train-a", "gpu-0") == "Healthy")
+            found = await scrape_until(
+                sidecar, "kubelet_dra_refused_total", 2, driver=DRIVER, reason="device_cap"
+            )
+            assert found.value("kubelet_dra_refused_total", driver=DRIVER, reason="device_cap") == 2
+            assert found.value("kubelet_dra_registrations_refused_total", reason="driver_name") == 1
+            assert found.value("kubelet_dra_devices", driver=DRIVER, health="Healthy") == cap
+        assert bad.calls["NodeWatchResources/v1"] == 0  # never streamed from

@@ -111,8 +111,21 @@ async def test_hidden_and_non_socket_files_are_ignored(registry: pathlib.Path) -
         ({"plugin_type": "CSIPlugin"}, "plugin type 'CSIPlugin' is not 'DRAPlugin'"),
         ({"supported_versions": []}, "empty list of supported gRPC services"),
         ({"supported_versions": ["v1.DRAResourceHealth"]}, "none of the supported gRPC"),
+        # kubelet v1.38 validation of the name and the endpoint.
+        ({"name": "gpu_example.com"}, "invalid DRA driver name 'gpu_example.com'"),
+        ({"advertised_endpoint": "run/dra.sock"}, "must be an absolute path"),
+        ({"advertised_endpoint": "/plugins/%2e%2e/evil.sock"}, "must be a plain path"),
+        ({"advertised_endpoint": "/" + "x" * 107}, "must not be longer than 108 bytes"),
     ],
-    ids=["other-type", "empty-versions", "no-dra-service"],
+    ids=[
+        "other-type",
+        "empty-versions",
+        "no-dra-service",
+        "bad-name",
+        "relative-endpoint",
+        "percent-encoded-dotdot",
+        "108-byte-endpoint",
+    ],
 )
 async def test_invalid_plugins_are_refused_once_and_told_so_by_an_owner(
     registry: pathlib.Path, kwargs: dict[str, object], reason: str, caplog: pytest.LogCaptureFixture
@@ -128,6 +141,12 @@ async def test_invalid_plugins_are_refused_once_and_told_so_by_an_owner(
         assert drv.calls["GetInfo"] == 1  # parked: its answer will not change
         assert events.events == []
         assert drv.notifications[0][0] is False and reason in drv.notifications[0][1]
+        assert sum(watcher.refused.values()) == 1  # counted once, by its reason
+        # The watcher keeps serving: a good driver beside it registers.
+        good = fakedriver.FakeDriver("good.example.com", registry=registry)
+        async with good:
+            await wait_until(lambda: events.kinds() == ["register"])
+            assert events.events[0].plugin.driver == "good.example.com"
     assert sum(reason in r.getMessage() for r in caplog.records) == 1
 
 

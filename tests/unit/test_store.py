@@ -221,3 +221,54 @@ def test_float_times_keep_every_digit(tmp_path: pathlib.Path) -> None:
     [(_, record)] = db2.load()
     assert record.last_report == 1000001.509765625
     db2.close()
+
+
+# -- deletions (kubelet v1.37.2 deletes stale entries) ------------------------------
+
+K = models.DeviceKey("drv", "p", "d")
+REC = models.DeviceHealth(H.HEALTHY, "", 30.0, T0)
+
+
+@pytest.mark.parametrize(
+    ("stages", "left"),
+    [
+        ([("put", REC), ("flush", None), ("delete", None)], False),
+        ([("put", REC), ("delete", None)], False),  # never committed: nothing to keep
+        ([("put", REC), ("flush", None), ("delete", None), ("put", REC)], True),  # latest wins
+        ([("delete", None)], False),  # deleting a missing row is no error
+    ],
+    ids=["committed-then-deleted", "staged-then-deleted", "deleted-then-put", "missing"],
+)
+def test_staged_deletions_survive_a_reopen(
+    tmp_path: pathlib.Path, stages: list[tuple[str, models.DeviceHealth | None]], left: bool
+) -> None:
+    db = store.HealthStore.open(tmp_path)
+    for op, record in stages:
+        if op == "put":
+            assert record is not None
+            db.stage(K, record)
+        elif op == "delete":
+            db.stage_delete([K])
+        else:
+            db.flush()
+    db.close()
+    again = store.HealthStore.open(tmp_path)
+    assert dict(again.load()) == ({K: REC} if left else {})
+    again.close()
+
+
+def test_a_failed_flush_keeps_staged_deletions(tmp_path: pathlib.Path) -> None:
+    db = store.HealthStore.open(tmp_path)
+    db.stage(K, REC)
+    db.flush()
+    db.stage_delete([K])
+    db._db.conn.execute("PRAGMA query_only=ON")  # type: ignore[union-attr]
+    with pytest.raises(errors.StoreError):
+        db.flush()
+    assert db.pending == 1
+    db._db.conn.execute("PRAGMA query_only=OFF")  # type: ignore[union-attr]
+    assert db.flush() == 1
+    db.close()
+    again = store.HealthStore.open(tmp_path)
+    assert again.load() == []
+    again.close()
