@@ -28,7 +28,10 @@ DRIVER = "gpu.example.com"
 POOL = "pool-a"
 DEVICE = "gpu-0"
 NAMESPACE = "default"
-CLAIM = "claim-1"
+#: The ResourceClaim object's name per way the pod names its claim (the pod's own entry is
+#: always called "gpu"): made from a template, named directly, named directly by a claim
+#: object that happens to be called like the pod's entry.
+CLAIM_NAMES = {"template": "pod-1-gpu-x7k2p", "direct": "claim-1", "direct-same-name": "gpu"}
 POD_UID = "pod-uid-1"
 MESSAGE = "ECC errors: 3 uncorrectable"
 
@@ -50,14 +53,27 @@ def sockdir() -> Iterator[pathlib.Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-#: Lines that find a container's claim only through ``pod.status.resourceClaimStatuses``
-#: (filled for claims made from a template): a claim the pod names directly gets no
-#: ``allocatedResourcesStatus`` there. 1.36 falls back to the pod spec.
-STATUS_ONLY_LINES = frozenset({"v1.34.4", "v1.35.4"})
+def _has_entries(version: str, source: str) -> bool:
+    """Whether the line's UpdateAllocatedResourcesStatus finds the claim at all.
+
+    1.34 matches the container's claim reference against the ResourceClaim *object's* name,
+    so only a claim object called like the pod's entry gets a status; 1.35 looks the
+    object's name up only in ``pod.status.resourceClaimStatuses`` (filled for template
+    claims); 1.36 on also fall back to the pod spec, so every way works.
+    """
+    if version == "v1.34.4":
+        return source == "direct-same-name"
+    if version == "v1.35.4":
+        return source == "template"
+    return True
 
 
 def _claim(source: str) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": CLAIM, "namespace": NAMESPACE, "uid": "claim-uid-1"}
+    metadata: dict[str, Any] = {
+        "name": CLAIM_NAMES[source],
+        "namespace": NAMESPACE,
+        "uid": "claim-uid-1",
+    }
     if source == "template":
         # A claim generated for the pod is owned by it; the kubelet checks that.
         metadata["ownerReferences"] = [
@@ -86,13 +102,15 @@ def _claim(source: str) -> dict[str, Any]:
 def _pod(source: str) -> dict[str, Any]:
     # Container "whole" names the claim; "one" names its request: the kubelet calls the
     # entries "claim:gpu" and "claim:gpu/req-0".
-    pod_claim: dict[str, Any] = {"name": "gpu", "resourceClaimName": CLAIM}
+    pod_claim: dict[str, Any] = {"name": "gpu", "resourceClaimName": CLAIM_NAMES[source]}
     status: dict[str, Any] = {
         "containerStatuses": [{"name": "whole"}, {"name": "one"}, {"name": "none"}]
     }
     if source == "template":
         pod_claim = {"name": "gpu", "resourceClaimTemplateName": "gpu-template"}
-        status["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": CLAIM}]
+        status["resourceClaimStatuses"] = [
+            {"name": "gpu", "resourceClaimName": CLAIM_NAMES[source]}
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -113,7 +131,7 @@ def _pod(source: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("source", ["template", "direct"])
+@pytest.mark.parametrize("source", list(CLAIM_NAMES))
 async def test_unhealthy_report_reaches_the_pod_status(
     line: tuple[str, pathlib.Path], sockdir: pathlib.Path, source: str
 ) -> None:
@@ -164,7 +182,7 @@ async def test_unhealthy_report_reaches_the_pod_status(
         s["name"]: sorted(s.get("allocatedResourcesStatus") or [], key=lambda r: r["name"])
         for s in synced["statuses"][POD_UID]["containerStatuses"]
     }
-    if source == "direct" and version in STATUS_ONLY_LINES:
+    if not _has_entries(version, source):
         assert statuses == {"whole": [], "one": [], "none": []}
     else:
         assert statuses == {
