@@ -35,6 +35,10 @@ from typing import Any
 from tests.conformance import _scenario as sc
 
 LINES = ("1.37", "1.38")
+SEEDS = range(1, 201)
+"""The fixed seeds every run plays."""
+SLOW_SEEDS = range(201, 1201)
+"""More seeds, under ``-m slow``."""
 CAP = 16_384
 MESSAGE_MAX = 1024
 DEFAULT_LEASE = 30.0
@@ -356,3 +360,8 @@ def scenario(seed: int, *, slow: bool = False) -> sc.Scenario:
             "generated": True,
         }
     )
+
+
+def every_run() -> list[sc.Scenario]:
+    """The generated scenarios of every run (fixed seeds)."""
+    return [scenario(seed) for seed in SEEDS]

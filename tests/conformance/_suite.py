@@ -20,9 +20,6 @@ from tests.conformance import _scenario as sc
 
 DEFAULT_LINES = ("1.37", "1.38")
 """The lines the default test run covers (the newest two)."""
-SEEDS = range(1, 201)
-"""Fixed seeds of the generated scenarios every run plays."""
-SLOW_SEEDS = range(201, 1201)
 
 
 def version_of(line: str) -> str:
@@ -46,7 +43,7 @@ def written() -> list[sc.Scenario]:
     return sc.load_all()
 
 
-def generated(seeds: Sequence[int] = SEEDS) -> list[sc.Scenario]:
+def generated(seeds: Sequence[int] = _generate.SEEDS) -> list[sc.Scenario]:
     return [_generate.scenario(seed) for seed in seeds]
 
 
