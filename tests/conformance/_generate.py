@@ -44,6 +44,8 @@ MESSAGE_MAX = 1024
 DEFAULT_LEASE = 30.0
 SETTLED = 0.7  # wait past a deadline (the runner adds its own margin on top)
 RECONNECT_WAIT = 6.0
+NOMINAL_BUDGET = 7.0
+"""No new episode after this much nominal time (the longest adds 6 s)."""
 _WORDS = ("ECC", "XID", "thermal", "link", "retrain", "fan", "probing", "ok", "PCIe", "lane")
 
 Key = tuple[str, str]  # (driver, device); one pool per generated driver
@@ -304,16 +306,17 @@ def scenario(seed: int, *, slow: bool = False) -> sc.Scenario:
     for c in range(rng.randint(1, 4)):
         driver = rng.choice(list(drivers))
         names = drivers[driver]
+        # Prepare order = resourceID (string) order: no order difference on 1.37.
         pick = sorted(
-            rng.sample(range(len(names)), k=min(len(names), rng.randint(1, 3)))
-        )  # prepare order = resourceID order: no order difference on 1.37
+            (names[i] for i in rng.sample(range(len(names)), k=min(len(names), rng.randint(1, 3))))
+        )
         request = rng.choice(["", "", "gpu"])
         claims.append(
             {
                 "name": f"claim-{c}",
                 "devices": [
-                    {"driver": driver, "pool": "pool", "device": names[i], "request": request}
-                    for i in pick
+                    {"driver": driver, "pool": "pool", "device": name, "request": request}
+                    for name in pick
                 ],
             }
         )
@@ -337,6 +340,8 @@ def scenario(seed: int, *, slow: bool = False) -> sc.Scenario:
     plan = _Plan(rng, drivers, users)
     plan.sync()
     for _ in range(rng.randint(3, 7)):
+        if plan.now > NOMINAL_BUDGET:
+            break  # default leases (30 s) must not run out in real time, settling included
         driver = rng.choice(list(drivers))
         if rng.random() < 0.25 and _end_episode(plan, driver):
             continue

@@ -609,7 +609,7 @@ async def run_all(
     line: str,
     factory: TwinFactory,
     *,
-    concurrency: int = 8,
+    concurrency: int = 24,
 ) -> list[RunResult]:
     """Every scenario that names ``line``, at most ``concurrency`` at a time."""
     gate = asyncio.Semaphore(concurrency)

@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--line", action="append", help="kubelet line, e.g. 1.38 (repeatable)")
     parser.add_argument("--generated", type=int, default=0, help="generated scenarios to add")
     parser.add_argument("--only-generated", action="store_true")
-    parser.add_argument("--concurrency", type=int, default=12)
+    parser.add_argument("--concurrency", type=int, default=24)
     parser.add_argument("--write-matrix", action="store_true")
     parser.add_argument("names", nargs="*", help="scenario names (default: all written)")
     ns = parser.parse_args(argv)

@@ -28,7 +28,7 @@ def selected_lines() -> tuple[str, ...]:
 
 
 def concurrency() -> int:
-    return int(os.environ.get(CONCURRENCY_ENV, "8"))
+    return int(os.environ.get(CONCURRENCY_ENV, "24"))
 
 
 @pytest.fixture
