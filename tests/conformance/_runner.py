@@ -135,7 +135,7 @@ class Run:
         # the scenario's own clock: the sum of its waits (settling counts as zero).
         self.leases: dict[tuple[str, str, str], tuple[float, float, float]] = {}
         self.nominal = 0.0
-        self.ends: dict[tuple[str, str], tuple[float, float]] = {}
+        self.ends: dict[tuple[str, str], tuple[float, float, int]] = {}
         self._sockets = 0
 
     # -- the whole run -----------------------------------------------------
@@ -316,8 +316,9 @@ class Run:
         drv.unimplemented = False
 
     async def _do_end_stream(self, args: sc.EndStream) -> None:
-        self.ends[(args.driver, args.endpoint)] = (self.nominal, time.time())
-        await self.drivers[(args.driver, args.endpoint)].end_streams(args.code)
+        drv = self.drivers[(args.driver, args.endpoint)]
+        self.ends[(args.driver, args.endpoint)] = (self.nominal, time.time(), _stream_calls(drv))
+        await drv.end_streams(args.code)
         await self._after_stream_end(args.driver, args.endpoint)
 
     async def _do_unimplemented(self, args: sc.EndpointRef) -> None:
@@ -339,8 +340,8 @@ class Run:
     async def _do_restart(self, args: sc.Restart) -> None:
         drv = self.drivers[(args.driver, args.endpoint)]
         if not args.new_socket:
-            self.ends[(args.driver, args.endpoint)] = (self.nominal, time.time())
-            await drv.restart()
+            self.ends[(args.driver, args.endpoint)] = (self.nominal, time.time(), 0)
+            await drv.restart()  # a new process: its call counts start again
             await self._after_stream_end(args.driver, args.endpoint)
             return
         await self._deregister(args.driver, args.endpoint)
@@ -472,13 +473,27 @@ class Run:
         wait = max(wait, self._away_from_reconnects(now))
         if wait:
             await asyncio.sleep(wait)
+        await self._reconnected()
+
+    async def _reconnected(self) -> None:
+        """After a reconnect the scenario means to have happened: both streams are open again
+        (the driver counted both calls) and both sides took the first report."""
+        waited = False
+        for key, (nominal, _, calls) in self.ends.items():
+            drv = self.drivers.get(key)
+            if drv is None or self.nominal - nominal < KUBELET_RECONNECT or key not in self.registered:
+                continue
+            await _until(lambda drv=drv, calls=calls: _stream_calls(drv) >= calls + 2, 10.0)
+            waited = True
+        if waited:
+            await self._settle()
 
     def _away_from_reconnects(self, now: float) -> float:
         """Like leases, for the reconnect after a stream ended: we reconnect after
         :data:`OUR_RECONNECT` (at the earliest), the kubelet after :data:`KUBELET_RECONNECT`.
         A sync point is meant before both or after both, never in between."""
         wait = 0.0
-        for (driver, endpoint), (nominal, real) in self.ends.items():
+        for (driver, endpoint), (nominal, real, _) in self.ends.items():
             meant, elapsed = self.nominal - nominal, now - real
             if meant < OUR_RECONNECT[0]:
                 if elapsed > OUR_RECONNECT[0] - DEADLINE_MARGIN:

@@ -44,6 +44,7 @@ FEATURES: dict[str, str] = {
     "health-negotiation": "health service negotiation, UNIMPLEMENTED stops (kubelet 1.37)",
     "health-message": "health messages (kubelet 1.36)",
     "subrequest-filter": "request filter of sub-requests (kubelet 1.36)",
+    "claim-name-fallback": "entries for claims the pod names directly (kubelet 1.36)",
     "health-timeout": "per-device health timeouts (kubelet 1.35)",
 }
 
