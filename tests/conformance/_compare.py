@@ -45,7 +45,8 @@ class Observed:
             twin = json.dumps(self.twin, indent=1, ensure_ascii=False).splitlines()
             diff = difflib.unified_diff(twin, ours, "twin (kubelet)", "ours", lineterm="", n=2)
             return head + "\n    " + "\n    ".join(diff)
-        return f"{head}\n    twin (kubelet): {_short(self.twin)}\n    ours:           {_short(self.ours)}"
+        twin, ours = _short(self.twin), _short(self.ours)
+        return f"{head}\n    twin (kubelet): {twin}\n    ours:           {ours}"
 
 
 def _short(value: Any, limit: int = 600) -> str:
@@ -192,7 +193,9 @@ def compare_cli(
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             found.append(
-                Observed("checkpoint", "end", "cache show: " + "/".join(key), a.get(key), b.get(key))
+                Observed(
+                    "checkpoint", "end", "cache show: " + "/".join(key), a.get(key), b.get(key)
+                )
             )
             if len(found) >= limit:
                 break
@@ -217,9 +220,7 @@ def _covers(diff: sc.Difference, obs: Observed) -> bool:
     return obs.kind in diff.kinds and (not diff.at or obs.at in diff.at)
 
 
-def classify(
-    scenario: sc.Scenario, line: str, observed: Iterable[Observed]
-) -> Verdict:
+def classify(scenario: sc.Scenario, line: str, observed: Iterable[Observed]) -> Verdict:
     declared = [d for d in scenario.differences if line in d.lines]
     observed = list(observed)
     unexplained = [o for o in observed if not any(_covers(d, o) for d in declared)]

@@ -81,7 +81,7 @@ class _PerClaim:
             kwargs["share_id"] = d["share_id"]
         return self._pb.Device(**kwargs)
 
-    async def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def NodePrepareResources(self, request: Any, context: Any) -> Any:
         await self._driver._count(f"NodePrepareResources/{self._version}")
         pb = self._pb
         out = {}
@@ -98,7 +98,7 @@ class _PerClaim:
                 )
         return pb.NodePrepareResourcesResponse(claims=out)
 
-    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
+    async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         await self._driver._count(f"NodeUnprepareResources/{self._version}")
         pb = self._pb
         return pb.NodeUnprepareResourcesResponse(

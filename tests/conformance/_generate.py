@@ -169,7 +169,9 @@ class _Plan:
                 {"feature": sorted(causes)[0] if causes else "unknown-at-deadline",
                  "kinds": ["announced"], "at": [name], "extra": sorted(causes)[1:]}
             )  # fmt: skip
-        if any(self.model.ours_visible(k, self.now) != ("Unknown", "") for k in self.split_messages):
+        if any(
+            self.model.ours_visible(k, self.now) != ("Unknown", "") for k in self.split_messages
+        ):
             self.visible_split = True
 
     def wait(self, seconds: float) -> None:
@@ -308,7 +310,7 @@ def scenario(seed: int, *, slow: bool = False) -> sc.Scenario:
         names = drivers[driver]
         # Prepare order = resourceID (string) order: no order difference on 1.37.
         pick = sorted(
-            (names[i] for i in rng.sample(range(len(names)), k=min(len(names), rng.randint(1, 3))))
+            names[i] for i in rng.sample(range(len(names)), k=min(len(names), rng.randint(1, 3)))
         )
         request = rng.choice(["", "", "gpu"])
         claims.append(

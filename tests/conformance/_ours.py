@@ -118,7 +118,8 @@ class OurSide:
         uid = str(pod["metadata"]["uid"])
         todo: list[Obj] = []
         recorded = {
-            str(entry.get("name")) for entry in pod.get("status", {}).get("resourceClaimStatuses") or ()
+            str(entry.get("name"))
+            for entry in pod.get("status", {}).get("resourceClaimStatuses") or ()
         }
         for ref in pod["spec"].get("resourceClaims") or ():
             name, _ = claims.resolve_claim_name(pod, str(ref["name"]))

@@ -52,6 +52,7 @@ STATE_FILE = "dra_health_state"
 class TimingError(Exception):
     """A sync point fell too close to a lease deadline to compare reliably."""
 
+
 TwinFactory = Callable[[str], Awaitable[_twinlike.TwinLike]]
 
 
@@ -74,8 +75,11 @@ class RunResult:
     @property
     def as_known(self) -> bool:
         """Failed the way its known bug says: undeclared differences only."""
-        return bool(self.known_bug) and not self.error and not self.verdict.missing and (
-            bool(self.verdict.unexplained)
+        return (
+            bool(self.known_bug)
+            and not self.error
+            and not self.verdict.missing
+            and (bool(self.verdict.unexplained))
         )
 
     def cell(self) -> str:
@@ -294,8 +298,7 @@ class Run:
             self.leases[(args.driver, d["pool"], d["device"])] = (self.nominal, now, lease)
         if before is not None and not drv.silent:
             await _until(
-                lambda: (self._our_reports(args.driver, args.endpoint) or 0)
-                >= before + args.times,
+                lambda: (self._our_reports(args.driver, args.endpoint) or 0) >= before + args.times,
                 SETTLE_DEADLINE,
             )
         await self._settle()
@@ -433,7 +436,9 @@ class Run:
             )
         state = (await self._twin_ok("state", self.twin.state())).get("state")
         now = time.time()
-        self.observed += _compare.compare_devices(args.name, self.ours.devices(self.keys), state, now)
+        self.observed += _compare.compare_devices(
+            args.name, self.ours.devices(self.keys), state, now
+        )
         if self.scenario.compare_stored:
             await self._compare_stored(args.name, state)
 
@@ -443,9 +448,7 @@ class Run:
         twin = sorted("/".join(_compare.row_key(r)) for r in _compare.checkpoint_rows(state))
         if error or ours != twin:
             self.observed.append(
-                _compare.Observed(
-                    "stored", at, "devices each cache stores", error or ours, twin
-                )
+                _compare.Observed("stored", at, "devices each cache stores", error or ours, twin)
             )
 
     async def _away_from_deadlines(self) -> None:
@@ -481,7 +484,11 @@ class Run:
         waited = False
         for key, (nominal, _, calls) in self.ends.items():
             drv = self.drivers.get(key)
-            if drv is None or self.nominal - nominal < KUBELET_RECONNECT or key not in self.registered:
+            if (
+                drv is None
+                or self.nominal - nominal < KUBELET_RECONNECT
+                or key not in self.registered
+            ):
                 continue
             await _until(lambda drv=drv, calls=calls: _stream_calls(drv) >= calls + 2, 10.0)
             waited = True

@@ -49,7 +49,14 @@ FEATURES: dict[str, str] = {
 }
 
 KINDS = (
-    "status", "announced", "devices", "stored", "registration", "prepare", "checkpoint", "twin",
+    "status",
+    "announced",
+    "devices",
+    "stored",
+    "registration",
+    "prepare",
+    "checkpoint",
+    "twin",
 )
 """What is compared; a declared difference names the kinds it shows up in."""
 
@@ -298,7 +305,9 @@ class Step(_Model):
 
 def _parse_step(raw: Any, index: int) -> Step:
     if not isinstance(raw, dict) or len(raw) != 1:
-        raise ValueError(f"timeline[{index}] must be a mapping with exactly one action, got {raw!r}")
+        raise ValueError(
+            f"timeline[{index}] must be a mapping with exactly one action, got {raw!r}"
+        )
     ((kind, args),) = raw.items()
     model = STEP_KINDS.get(kind)
     if model is None:
@@ -359,8 +368,8 @@ def _expand_lines(value: Any) -> Any:
     if isinstance(value, str):
         value = [value]
     out: list[str] = []
-    for item in value:
-        item = str(item)
+    for raw in value:
+        item = str(raw)
         for op in ("<=", ">=", "<", ">"):
             if item.startswith(op):
                 bound = _minor(item[len(op) :])
@@ -416,9 +425,7 @@ class Scenario(_Model):
     def _timeline(cls, value: Any) -> Any:
         if not isinstance(value, list | tuple):
             raise ValueError("timeline must be a list of actions")
-        return tuple(
-            v if isinstance(v, Step) else _parse_step(v, i) for i, v in enumerate(value)
-        )
+        return tuple(v if isinstance(v, Step) else _parse_step(v, i) for i, v in enumerate(value))
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -504,4 +511,3 @@ def iter_devices(scenario: Scenario) -> Iterator[tuple[str, str, str]]:
                     if key not in seen:
                         seen.add(key)
                         yield key
-

@@ -83,7 +83,9 @@ class ProcessTwin:
                 await proc.stdin.drain()
                 line = await asyncio.wait_for(proc.stdout.readline(), self.timeout)
             except (ConnectionError, TimeoutError) as exc:
-                raise TwinCrashed(f"{op}: {type(exc).__name__} {await self.stderr_tail()}") from None
+                raise TwinCrashed(
+                    f"{op}: {type(exc).__name__} {await self.stderr_tail()}"
+                ) from None
             if not line:
                 raise TwinCrashed(f"{op}: the twin exited; stderr: {await self.stderr_tail()}")
             try:
@@ -111,7 +113,9 @@ class ProcessTwin:
         return await self.call("claims", claims=list(claims))
 
     async def register(self, driver: str, endpoint: str, services: Sequence[str]) -> Reply:
-        return await self.call("register", driver=driver, endpoint=endpoint, services=list(services))
+        return await self.call(
+            "register", driver=driver, endpoint=endpoint, services=list(services)
+        )
 
     async def deregister(self, driver: str, endpoint: str) -> Reply:
         return await self.call("deregister", driver=driver, endpoint=endpoint)
