@@ -310,9 +310,18 @@ class Twin:
     def unprepare(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         return self.call({"op": "unprepare", "pod": pod})
 
-    def sync(self, pods: Iterable[Mapping[str, Any]], *, settle_ms: int = 0) -> dict[str, Any]:
-        """Announced pod UIDs since the last sync and each pod's status after the update."""
-        return self.call({"op": "sync", "pods": list(pods), "settleMs": settle_ms})
+    def sync(
+        self, pods: Iterable[Mapping[str, Any]], *, settle_ms: int | None = None
+    ) -> dict[str, Any]:
+        """Announced pod UIDs since the last sync and each pod's status after the update.
+
+        ``settle_ms`` (the twin's default: 100) is how long the twin first waits for quiet
+        after the last checkpoint write or notification (see PROTOCOL.md).
+        """
+        request: dict[str, Any] = {"op": "sync", "pods": list(pods)}
+        if settle_ms is not None:
+            request["settleMs"] = settle_ms
+        return self.call(request)
 
     def state(self) -> dict[str, Any]:
         """The ``dra_health_state`` checkpoint: ``state`` (parsed or None) and ``raw``."""

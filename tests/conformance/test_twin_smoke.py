@@ -162,7 +162,7 @@ async def test_unhealthy_report_reaches_the_pod_status(
                 {"pool": POOL, "device": DEVICE, "health": "Unhealthy", "message": MESSAGE}
             )
             await call(twin.wait_state, DRIVER, POOL, DEVICE, health="Unhealthy")
-            synced = await call(twin.sync, [_pod(source)], settle_ms=200)
+            synced = await call(twin.sync, [_pod(source)])
             checkpoint = (await call(twin.state))["state"]
             await call(twin.stop)
 

@@ -93,7 +93,7 @@ type request struct {
 	Services []string          `json:"services"`
 	Pod      json.RawMessage   `json:"pod"`
 	Pods     []json.RawMessage `json:"pods"`
-	SettleMs int               `json:"settleMs"`
+	SettleMs *int              `json:"settleMs"`
 	// wait_state
 	Pool      string  `json:"pool"`
 	Device    string  `json:"device"`
@@ -366,21 +366,33 @@ func (t *Twin) prepare(req request, prepare bool) (reply, error) {
 	return nil, nil
 }
 
-// settle waits until no notification arrived for settle (at most 10 × settle in all).
-func (t *Twin) settle(settle time.Duration) {
-	if settle <= 0 {
+// DefaultSettle is the quiet time `sync` waits for when the request gives no settleMs.
+// The manager writes the checkpoint and then sends the pod notification, so a sync right
+// after a report must give the notification a moment to follow the write.
+const DefaultSettle = 100 * time.Millisecond
+
+// lastActivity is the later of the last notification and the checkpoint's last write.
+func (t *Twin) lastActivity() time.Time {
+	t.mu.Lock()
+	last := t.lastRecv
+	t.mu.Unlock()
+	if info, err := os.Stat(filepath.Join(t.stateDir, HealthStateFile)); err == nil {
+		if mod := info.ModTime(); mod.After(last) {
+			last = mod
+		}
+	}
+	return last
+}
+
+// settle waits until neither a notification nor a checkpoint write happened for `quiet`
+// (at most 10 × quiet in all). Without recent activity it returns at once.
+func (t *Twin) settle(quiet time.Duration) {
+	if quiet <= 0 {
 		return
 	}
-	deadline := time.Now().Add(10 * settle)
-	begin := time.Now()
+	deadline := time.Now().Add(10 * quiet)
 	for {
-		t.mu.Lock()
-		last := t.lastRecv
-		t.mu.Unlock()
-		if last.Before(begin) {
-			last = begin
-		}
-		quietUntil := last.Add(settle)
+		quietUntil := t.lastActivity().Add(quiet)
 		now := time.Now()
 		if !now.Before(quietUntil) || !now.Before(deadline) {
 			return
@@ -405,7 +417,11 @@ func (t *Twin) sync(req request) (reply, error) {
 		}
 		pods = append(pods, pod)
 	}
-	t.settle(time.Duration(req.SettleMs) * time.Millisecond)
+	quiet := DefaultSettle
+	if req.SettleMs != nil {
+		quiet = time.Duration(*req.SettleMs) * time.Millisecond
+	}
+	t.settle(quiet)
 	// Take what is already in the channel too, so a notification sent before this
 	// command is never reported one sync late.
 	ch := t.manager.Updates()
