@@ -19,8 +19,13 @@ from typing import Any
 
 import pytest
 
+from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+from kubelet_dra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from kubelet_dra.testing import FakeDriver
 from tests.conformance import _twin
+from tests.interop import _build
+from tests.interop._driver import DriverProcess, device
+from tests.interop._grpc import unix_channel
 
 pytestmark = [pytest.mark.conformance, pytest.mark.timeout(60, func_only=True)]
 
@@ -244,3 +249,87 @@ async def test_health_stream_without_advertised_service(
             else:
                 await driver.wait_for_streams(1, timeout=10.0)
             await call(twin.stop)
+
+
+@pytest.fixture(scope="module", params=["current", "v035"])
+def go_driver_bin(request: pytest.FixtureRequest) -> tuple[str, pathlib.Path]:
+    """The interop Go driver (kubeletplugin helper v0.37.2 or v0.35.10), built once."""
+    name: str = request.param
+    try:
+        return name, _build.ensure(name)
+    except _build.BuildUnavailable as exc:
+        pytest.skip(f"interop driver {name} unavailable: {exc.reason}")
+    except _build.BuildFailed as exc:
+        pytest.fail(f"building the interop driver {name} failed: {exc}", pytrace=False)
+
+
+def _get_info(registration_socket: pathlib.Path) -> Any:
+    """GetInfo on the registration socket: the plugin watcher's first call."""
+    with unix_channel(registration_socket) as channel:
+        stub = reg_grpc.RegistrationStub(channel)
+        return stub.GetInfo(reg_pb2.InfoRequest(), timeout=10)
+
+
+def test_go_helper_driver(
+    line: tuple[str, pathlib.Path],
+    go_driver_bin: tuple[str, pathlib.Path],
+    sockdir: pathlib.Path,
+) -> None:
+    """The kubelet's manager and the kubeletplugin helper, both upstream code, end to end.
+
+    The 1.37 helper serves health v1 and v1alpha1, the 1.35 helper only v1alpha1: each
+    line's manager picks the newest version both sides have.
+    """
+    version, path = line
+    helper, driver_bin = go_driver_bin
+    name = "interop.kubelet-dra.test"
+    drv = DriverProcess(
+        driver_bin,
+        driver_name=name,
+        registry_dir=sockdir / "reg",
+        plugin_data_dir=sockdir / "plugin",
+        control_file=sockdir / "control.json",
+        log_dir=sockdir,
+    )
+    claim, pod = _claim("template"), _pod("template")
+    claim["status"]["allocation"]["devices"]["results"][0]["driver"] = name
+    prepared = {"requests": ["req-0"], "pool": POOL, "device": DEVICE, "cdi_device_ids": []}
+    drv.start({"devices": [], "prepare_devices": [prepared]})
+    try:
+        info = _get_info(drv.registration_socket)
+        assert info.name == name
+        with _twin.Twin(version, path=path) as twin:
+            twin.start(sockdir / "state")
+            twin.claims([claim])
+            twin.register(info.name, info.endpoint, list(info.supported_versions))
+            opened = drv.wait_for("stream_open", timeout=10.0)[0]["method"]
+            assert "error" not in twin.prepare(pod)
+            drv.control(
+                {
+                    "devices": [device(DEVICE, "UNHEALTHY", pool=POOL, message=MESSAGE)],
+                    "prepare_devices": [prepared],
+                }
+            )
+            twin.wait_state(name, POOL, DEVICE, health="Unhealthy")
+            synced = twin.sync([pod])
+            twin.stop()
+    finally:
+        drv.stop()
+
+    served = ("v1", "v1alpha1") if helper == "current" else ("v1alpha1",)
+    chosen = next(v for v in _twin.HEALTH_VERSIONS[version] if v in served)
+    assert opened == f"/{chosen}.DRAResourceHealth/NodeWatchResources"
+    assert synced["announced"] == [POD_UID]
+    statuses = {
+        s["name"]: s.get("allocatedResourcesStatus") or []
+        for s in synced["statuses"][POD_UID]["containerStatuses"]
+    }
+    health: dict[str, Any] = {"resourceID": f"{name}/{POOL}/{DEVICE}", "health": "Unhealthy"}
+    # The message travels on v1, and on v1alpha1 from 1.36 on (both helpers send it there
+    # only if their v1alpha1 has the field: the 1.35 helper's has not).
+    if version in _twin.MESSAGE_LINES and (chosen == "v1" or helper == "current"):
+        health["message"] = MESSAGE
+    expected_whole = [{"name": "claim:gpu", "resources": [health]}]
+    if version == "v1.34.4":  # matches the claim object's name only (see _has_entries)
+        expected_whole = []
+    assert statuses["whole"] == expected_whole
