@@ -333,3 +333,36 @@ def test_go_helper_driver(
     if version == "v1.34.4":  # matches the claim object's name only (see _has_entries)
         expected_whole = []
     assert statuses["whole"] == expected_whole
+
+
+@pytest.mark.parametrize("content", ["null", '{"gpu.example.com": {"Devices": null}}'])
+async def test_null_maps_in_the_checkpoint(
+    line: tuple[str, pathlib.Path], sockdir: pathlib.Path, content: str
+) -> None:
+    """Up to 1.37 a checkpoint with a null map loads, and the first report then panics the
+    manager (the kubelet process ends); 1.38 loads null maps as empty ones."""
+    version, path = line
+    state_dir = sockdir / "state"
+    state_dir.mkdir()
+    (state_dir / "dra_health_state").write_text(content)
+    driver = FakeDriver(
+        DRIVER,
+        registry=sockdir / "reg",
+        plugin_dir=sockdir / "plugin",
+        health_versions=("v1", "v1alpha1"),
+    )
+    twin = _twin.Twin(version, path=path)
+    call = asyncio.to_thread
+    async with driver:
+        with twin:
+            await call(twin.start, state_dir)
+            await call(twin.register, DRIVER, str(driver.dra_socket), driver.supported_versions)
+            await driver.wait_for_streams(1, timeout=10.0)
+            await driver.set_health({"pool": POOL, "device": DEVICE, "health": "Unhealthy"})
+            if version == "v1.38.0-beta.0":
+                await call(twin.wait_state, DRIVER, POOL, DEVICE, health="Unhealthy")
+                await call(twin.stop)
+                return
+            with pytest.raises(_twin.TwinError, match="assignment to entry in nil map"):
+                await call(twin.wait_state, DRIVER, POOL, DEVICE, health="Unhealthy")
+            assert twin.returncode == 2
