@@ -36,7 +36,9 @@ from tests.conformance import _scenario as sc
 SETTLE = 0.3
 """Minimum seconds after a driver action before anything is read."""
 SETTLE_DEADLINE = 8.0
-"""Longest wait for both sides to reflect a driver action."""
+"""Longest wait for the twin's checkpoint to settle after a driver action."""
+REPORT_DEADLINE = 30.0
+"""Longest wait for our stream to take a report (then the run's timing failed)."""
 DEADLINE_MARGIN = 0.5
 """A sync point keeps at least this far from any lease deadline."""
 OUR_RECONNECT = (1.6, 2.0)
@@ -285,10 +287,11 @@ class Run:
     async def _do_report(self, args: sc.Report) -> None:
         drv = self.drivers[(args.driver, args.endpoint)]
         devices = [d for report in args.devices for d in report.expand()]
+        sent = devices
         before = self._our_reports(args.driver, args.endpoint)
         for i in range(args.times):
             sent = devices
-            if args.alternate:
+            if args.alternate and sent:
                 health = "Healthy" if i % 2 == 0 else "Unhealthy"
                 sent = [{**d, "health": health} for d in devices]
             await drv.set_health(*sent)
@@ -297,11 +300,36 @@ class Run:
             lease = d["timeout_seconds"] if d["timeout_seconds"] > 0 else 30
             self.leases[(args.driver, d["pool"], d["device"])] = (self.nominal, now, lease)
         if before is not None and not drv.silent:
-            await _until(
+            caught_up = await _until(
                 lambda: (self._our_reports(args.driver, args.endpoint) or 0) >= before + args.times,
-                SETTLE_DEADLINE,
+                REPORT_DEADLINE,
             )
+            if not caught_up:
+                raise TimingError(f"our stream: {args.times} reports took over {REPORT_DEADLINE}s")
+        if sent and not drv.silent:
+            await self._twin_took(args.driver, sent[0])
         await self._settle()
+
+    async def _twin_took(self, driver: str, device: dict[str, Any]) -> None:
+        """Wait until the twin's checkpoint shows the report's first device (if the twin
+        streams at all; a twin that does not is given a few seconds, then the stable
+        checkpoint of :meth:`_settle` decides)."""
+        health = device["health"]
+        if isinstance(health, int):
+            health = {1: "Healthy", 2: "Unhealthy"}.get(health, "Unknown")
+        request: dict[str, Any] = {
+            "driver": driver,
+            "pool": device["pool"],
+            "device": device["device"],
+            "health": health,
+            "timeoutMs": 3000,
+        }
+        message = str(device.get("message") or "")
+        if _twin_line(self.line) >= 36 and len(message.encode()) <= 1024:
+            request["message"] = message
+        call = getattr(self.twin, "call", None)
+        if call is not None:
+            await call("wait_state", **request)
 
     def _our_reports(self, driver: str, endpoint: str) -> int | None:
         socket = self.registered.get((driver, endpoint))
