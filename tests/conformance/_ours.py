@@ -225,6 +225,16 @@ class OurSide:
         merged, _ = podstatus.merge(current, update.desired, now=now, condition=False)
         self.statuses[update.pod_uid] = merged
 
+    def settled(self) -> bool:
+        """Our side has caught up with wall-clock time: no lease deadline is overdue (the
+        deadline task ran) and every marked pod's status was delivered."""
+        now = self.manager.clock.now()
+        deadline = self.manager.cache.next_deadline()
+        if deadline is not None and deadline < now - 0.05:
+            return False
+        # The manager's own queue of pods waiting for the callback (node-agent mode).
+        return not self.manager._agent_dirty and not self.manager._agent_wake.is_set()
+
     def take_announced(self) -> set[str]:
         out, self.manager.announced = self.manager.announced, set()
         return out

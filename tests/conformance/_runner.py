@@ -444,6 +444,8 @@ class Run:
     async def _do_sync(self, args: sc.Sync) -> None:
         self.at = f"sync {args.name}"
         await self._away_from_deadlines()
+        if not await _until(self.ours.settled, REPORT_DEADLINE):
+            raise TimingError("our deadline task or status callback fell behind wall-clock time")
         reply = await self._twin_ok("sync", self.twin.sync(list(self.pods.values())))
         announced = self.ours.take_announced()
         twin_announced = {self.names.get(u, u) for u in reply.get("announced") or ()}
