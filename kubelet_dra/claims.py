@@ -85,8 +85,9 @@ class PreparedDevice:
         """Whether a container claim naming ``request`` sees this device."""
         if not request or not self.request_names:
             return True
-        base = base_request(request)
-        return any(base_request(name) == base for name in self.request_names)
+        # As the kubelet: the container's base request among the names exactly as
+        # the driver returned them (a driver that returns "req/sub" serves no one).
+        return base_request(request) in self.request_names
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -248,7 +249,9 @@ def _allocated_devices(claim: Obj) -> Obj:
 
 
 def _device_from_result(result: Obj) -> PreparedDevice:
-    request = str(result.get("request") or "")
+    # Stored without the sub-request, as the kubelet stores a driver's answer
+    # (manager.go compares a container's base request with these names).
+    request = base_request(str(result.get("request") or ""))
     return PreparedDevice(
         driver=str(result.get("driver", "")),
         pool=str(result.get("pool", "")),

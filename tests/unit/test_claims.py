@@ -187,9 +187,10 @@ def test_snapshot_keeps_devices_after_the_claim_is_gone() -> None:
 
 @pytest.mark.parametrize(
     ("request_names", "wanted", "serves"),
-    [((), "any", True), (("a",), "", True), (("a",), "a/x", True), (("a/x",), "a", True),
-     (("b",), "a", False)],
-    ids=["no-names", "no-request", "subrequest", "result-subrequest", "other"],
+    [((), "any", True), (("a",), "", True), (("a",), "a/x", True), (("a/x",), "a", False),
+     (("a/x",), "a/x", False), (("b",), "a", False)],
+    ids=["no-names", "no-request", "subrequest", "names-as-returned", "names-as-returned-sub",
+         "other"],
 )  # fmt: skip
 def test_request_filter(request_names: tuple[str, ...], wanted: str, serves: bool) -> None:
     device = claims.PreparedDevice(DRV, "pool", "dev", request_names=request_names)
