@@ -71,6 +71,17 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "KUBELET_DRA_METRICS_ADDRESS",
         "HOST:PORT for /metrics /healthz /readyz (default 127.0.0.1:9464); empty disables",
     ),
+    # Flags since issue 15: docs/scaling.md says at which cluster size they matter.
+    "--api-qps": (
+        "api_qps",
+        "KUBELET_DRA_API_QPS",
+        "API requests per second of the status writer and events (default 50)",
+    ),
+    "--api-burst": (
+        "api_burst",
+        "KUBELET_DRA_API_BURST",
+        "API request burst of the status writer and events (default 100)",
+    ),
 }
 
 

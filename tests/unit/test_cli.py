@@ -61,6 +61,8 @@ CASES = [
         "0.0.0.0:1",
         "127.0.0.1:2",
     ),
+    ("--api-qps", "20", "5.5", "api_qps", 20.0, 5.5),
+    ("--api-burst", "40", "10", "api_burst", 40, 10),
 ]
 IDS = [case[0] for case in CASES]
 DEFAULTS = {
@@ -72,6 +74,8 @@ DEFAULTS = {
     "container_status": settings.ContainerStatusMode.AUTO,
     "pod_condition_type": "DeviceHealthy",
     "metrics_address": "127.0.0.1:9464",
+    "api_qps": 50.0,
+    "api_burst": 100,
 }
 
 
