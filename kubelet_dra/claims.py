@@ -39,16 +39,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
-from kubelet_dra import models
+from kubelet_dra import models, podjson
+from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
 
 CONTAINERS = "containerStatuses"
 INIT_CONTAINERS = "initContainerStatuses"
-
-Obj = Mapping[str, Any]
 
 
 class ClaimKey(NamedTuple):
@@ -74,6 +73,7 @@ class PreparedDevice:
 
     @property
     def key(self) -> models.DeviceKey:
+        """The device as the health cache knows it."""
         return models.DeviceKey(self.driver, self.pool, self.device)
 
     @property
@@ -132,6 +132,7 @@ class PodClaims:
 
     @property
     def claim_keys(self) -> frozenset[ClaimKey]:
+        """Every ResourceClaim the pod's references resolve to."""
         return frozenset(self.refs.values())
 
 
@@ -154,7 +155,9 @@ class Delta:
 class DeviceLookup(Protocol):
     """What pod status needs from an index: a claim's devices as seen by one pod."""
 
-    def devices_for(self, pod_uid: str, key: ClaimKey) -> Sequence[PreparedDevice] | None: ...
+    def devices_for(self, pod_uid: str, key: ClaimKey) -> Sequence[PreparedDevice] | None:
+        """A claim's devices as ``pod_uid`` sees them, ``None`` if unknown or not its."""
+        ...
 
 
 # -- pure helpers on plain dicts ------------------------------------------------
@@ -173,9 +176,9 @@ def resolve_claim_name(pod: Obj, ref: str) -> tuple[str | None, bool]:
     entry saying no claim was needed). Status first, then
     ``resourceclaim.Name``, as the kubelet's ``UpdateAllocatedResourcesStatus``.
     """
-    pod_ref = _find(_spec(pod).get("resourceClaims"), ref)
+    pod_ref = podjson.find_named(podjson.resource_claims(pod), ref)
     templated = bool(pod_ref and pod_ref.get("resourceClaimTemplateName"))
-    status_entry = _find(_status(pod).get("resourceClaimStatuses"), ref)
+    status_entry = podjson.find_named(podjson.resource_claim_statuses(pod), ref)
     if status_entry is not None:
         return status_entry.get("resourceClaimName"), templated
     if pod_ref is not None and pod_ref.get("resourceClaimName"):
@@ -189,31 +192,30 @@ def container_claims(pod: Obj, *, sidecars: bool = True) -> tuple[ContainerClaim
     Restartable init containers (sidecars) are included when ``sidecars`` is
     true; the kubelet skips them (kubernetes #139940).
     """
-    spec = _spec(pod)
-    found = list(_claims_of(spec.get("containers"), CONTAINERS))
+    spec = podjson.spec(pod)
+    found = list(_claims_of(podjson.items(spec, "containers"), CONTAINERS))
     if sidecars:
-        restartable = [c for c in spec.get("initContainers") or () if _restartable(c)]
+        restartable = [c for c in podjson.items(spec, "initContainers") if _restartable(c)]
         found.extend(_claims_of(restartable, INIT_CONTAINERS))
     return tuple(found)
 
 
 def pod_claims(pod: Obj) -> PodClaims:
     """Parse what the index needs from a pod dict (camelCase API JSON)."""
-    meta = pod.get("metadata") or {}
-    namespace = str(meta.get("namespace") or "default")
+    namespace = podjson.namespace(pod)
     refs: dict[str, ClaimKey] = {}
     templated: set[str] = set()
-    for entry in _spec(pod).get("resourceClaims") or ():
+    for entry in podjson.resource_claims(pod):
         name, is_template = resolve_claim_name(pod, str(entry.get("name", "")))
         if name:
             refs[str(entry["name"])] = ClaimKey(namespace, name)
             if is_template:
                 templated.add(str(entry["name"]))
     return PodClaims(
-        uid=str(meta.get("uid", "")),
+        uid=podjson.uid(pod),
         namespace=namespace,
-        name=str(meta.get("name", "")),
-        node=str(_spec(pod).get("nodeName") or ""),
+        name=podjson.name(pod),
+        node=podjson.node_name(pod),
         refs=refs,
         templated=frozenset(templated),
         containers=container_claims(pod),
@@ -222,21 +224,27 @@ def pod_claims(pod: Obj) -> PodClaims:
 
 def claim_from_api(obj: Obj) -> Claim:
     """A ``resource.k8s.io/v1`` ResourceClaim dict as the index holds it."""
-    meta = obj.get("metadata") or {}
-    key = ClaimKey(str(meta.get("namespace") or "default"), str(meta.get("name", "")))
-    allocation = (obj.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or ()
+    key = ClaimKey(podjson.namespace(obj), podjson.name(obj))
+    results = podjson.items(_allocated_devices(obj), "results")
     devices = tuple(_device_from_result(r) for r in results)
     owners = frozenset(
         str(o["uid"])
-        for o in meta.get("ownerReferences") or ()
+        for o in podjson.items(podjson.metadata(obj), "ownerReferences")
         if o.get("kind") == "Pod" and o.get("controller") and o.get("uid")
     )
-    return Claim(key=key, uid=str(meta.get("uid", "")), devices=devices, owners=owners)
+    return Claim(key=key, uid=podjson.uid(obj), devices=devices, owners=owners)
 
 
 def is_allocated(obj: Obj) -> bool:
-    return bool(((obj.get("status") or {}).get("allocation") or {}).get("devices"))
+    """Whether a ResourceClaim dict has an allocation with devices."""
+    return bool(_allocated_devices(obj))
+
+
+def _allocated_devices(claim: Obj) -> Obj:
+    """``status.allocation.devices`` of a ResourceClaim (empty when not allocated)."""
+    allocation = podjson.status(claim).get("allocation") or {}
+    devices: Obj = allocation.get("devices") or {}
+    return devices
 
 
 def _device_from_result(result: Obj) -> PreparedDevice:
@@ -261,18 +269,6 @@ def _claims_of(containers: Iterable[Obj] | None, field: str) -> Iterator[Contain
 
 def _restartable(container: Obj) -> bool:
     return container.get("restartPolicy") == "Always"
-
-
-def _spec(pod: Obj) -> Obj:
-    return pod.get("spec") or {}
-
-
-def _status(pod: Obj) -> Obj:
-    return pod.get("status") or {}
-
-
-def _find(items: Iterable[Obj] | None, name: str) -> Obj | None:
-    return next((i for i in items or () if i.get("name") == name), None)
 
 
 # -- the index -----------------------------------------------------------------
@@ -306,15 +302,18 @@ class ClaimIndex:
         return Delta(frozenset({new.uid}), added, removed)
 
     def remove_pod(self, uid: str) -> Delta:
+        """Forget a pod; the delta names it and the claims no pod references any more."""
         old = self._pods.pop(uid, None)
         if old is None:
             return Delta()
         return Delta(frozenset({uid}), claims_removed=self._unlink(uid, old.claim_keys))
 
     def pod(self, uid: str) -> PodClaims | None:
+        """What the index keeps of a pod, or ``None``."""
         return self._pods.get(uid)
 
     def pod_uids(self) -> frozenset[str]:
+        """Every indexed pod."""
         return frozenset(self._pods)
 
     # -- claims ------------------------------------------------------------
@@ -327,6 +326,7 @@ class ClaimIndex:
         return self._claim_changed(claim.key, old)
 
     def remove_claim(self, namespace: str, name: str) -> Delta:
+        """Forget an API claim (a prepared claim of that name stays)."""
         key = ClaimKey(namespace, name)
         old = self._effective(key)
         if self._api.pop(key, None) is None:
@@ -350,6 +350,7 @@ class ClaimIndex:
         return self._claim_changed(key, old)
 
     def remove_prepared_claim(self, *, namespace: str, name: str) -> Delta:
+        """Forget a claim a node agent prepared."""
         key = ClaimKey(namespace, name)
         old = self._effective(key)
         if self._prepared.pop(key, None) is None:
@@ -357,6 +358,7 @@ class ClaimIndex:
         return self._claim_changed(key, old)
 
     def claim(self, key: ClaimKey) -> Claim | None:
+        """The claim as the index uses it: the prepared one, else the API's."""
         return self._effective(key)
 
     def referenced_claims(self) -> frozenset[ClaimKey]:
@@ -364,6 +366,7 @@ class ClaimIndex:
         return frozenset(self._claim_pods)
 
     def has_api_claim(self, key: ClaimKey) -> bool:
+        """Whether the API's copy of this claim has been read."""
         return key in self._api
 
     # -- queries -----------------------------------------------------------
@@ -425,6 +428,7 @@ class ClaimIndex:
         return FrozenClaims(claims)
 
     def stats(self) -> dict[str, int]:
+        """Sizes of the index, for metrics and debugging."""
         return {
             "pods": len(self._pods),
             "claims_referenced": len(self._claim_pods),
@@ -507,7 +511,9 @@ class FrozenClaims:
     claims: Mapping[ClaimKey, tuple[PreparedDevice, ...]]
 
     def devices_for(self, pod_uid: str, key: ClaimKey) -> Sequence[PreparedDevice] | None:
+        """The captured devices of ``key`` (every pod of the record sees them)."""
         return self.claims.get(key)
 
     def device_keys(self) -> frozenset[models.DeviceKey]:
+        """Every device of the captured claims."""
         return frozenset(d.key for devices in self.claims.values() for d in devices)

@@ -37,7 +37,10 @@ The computation is split in two so the writer can re-apply after a conflict:
 :func:`desired_status` turns a pod, an index and device health into a
 :class:`Desired` value; :func:`merge` applies it to whatever status the API
 holds now and says whether anything changed. :func:`update_allocated_resources_status`
-composes both the way the kubelet's function behaves.
+composes both the way the kubelet's function behaves. :func:`merged_entries`
+and :func:`merged_condition` are the two steps of :func:`merge` for one
+container and for the condition; the writer's patch planning
+(``kube.patchplan``) calls them directly so a status is compared once.
 """
 
 from __future__ import annotations
@@ -49,17 +52,17 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import claims, models
+from kubelet_dra import claims, healthinfo, models, podjson
+from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
 
 HealthOf = Callable[[models.DeviceKey], models.DeviceHealth]
-Obj = Mapping[str, Any]
-
 REASON_HEALTHY = "AllDevicesHealthy"
 REASON_UNHEALTHY = "DeviceUnhealthy"
 REASON_UNKNOWN = "DeviceHealthUnknown"
-CONDITION_MESSAGE_MAX = 1024
+CONDITION_MESSAGE_MAX = healthinfo.MESSAGE_MAX_BYTES
+"""The condition's message is cut like a device's message (``healthinfo.truncate_message``)."""
 _STATUS_OF = {
     models.HealthStatus.HEALTHY: "True",
     models.HealthStatus.UNHEALTHY: "False",
@@ -135,7 +138,7 @@ def desired_status(
     sidecars: bool = True,
 ) -> Desired:
     """What ``pod``'s status should say about its devices at ``now``."""
-    uid = str((pod.get("metadata") or {}).get("uid", ""))
+    uid = podjson.uid(pod)
     view = _Viewer(health_of, now)
     containers: dict[tuple[str, str], dict[str, dict[str, Any] | None]] = {}
     for cc in claims.container_claims(pod, sidecars=sidecars):
@@ -156,7 +159,7 @@ def pod_device_states(
 ) -> tuple[DeviceState, ...]:
     """Every device of every claim the pod references, once, in a stable order."""
     seen: dict[models.DeviceKey, DeviceState] = {}
-    for ref in sorted(str(r.get("name", "")) for r in _pod_claim_refs(pod)):
+    for ref in sorted(str(r.get("name", "")) for r in podjson.resource_claims(pod)):
         for device in _claim_devices(pod, index, ref) or ():
             if device.key not in seen:
                 health, message = view(device.key)
@@ -183,7 +186,7 @@ def build_condition(condition_type: str, states: Sequence[DeviceState]) -> dict[
         "type": condition_type,
         "status": status,
         "reason": reason,
-        "message": _cap(message, CONDITION_MESSAGE_MAX),
+        "message": healthinfo.truncate_message(message),
     }
 
 
@@ -232,19 +235,52 @@ def update_allocated_resources_status(
     return new
 
 
+def merged_entries(
+    current: Iterable[dict[str, Any]] | None, managed: Mapping[str, dict[str, Any] | None]
+) -> list[dict[str, Any]] | None:
+    """One container's ``allocatedResourcesStatus`` with ours applied; ``None`` if unchanged.
+
+    ``[]`` means the field must go (no entry left). Like the kubelet, entries
+    left without resources go, ours or not; entries we do not manage are kept.
+    """
+    before = list(current or ())
+    kept = [
+        e
+        for e in before
+        if (managed[e["name"]] if e.get("name") in managed else e.get("resources"))
+    ]
+    merged = [copy.deepcopy(managed.get(e.get("name", "")) or e) for e in kept]
+    present = {e.get("name") for e in merged}
+    merged += [copy.deepcopy(e) for n, e in managed.items() if e and n not in present]
+    return None if normalized(merged) == normalized(before) else merged
+
+
+def merged_condition(
+    current: Obj | None, wanted: Mapping[str, Any], now: float
+) -> dict[str, Any] | None:
+    """Our condition as it must read at ``now``; ``None`` if ``current`` already says it.
+
+    ``lastTransitionTime`` moves only when the status changes (or was never set).
+    """
+    if current is None:
+        return {**wanted, "lastTransitionTime": rfc3339(now)}
+    if all(current.get(k) == wanted[k] for k in ("status", "reason", "message")):
+        return None
+    moved = current.get("status") != wanted["status"] or not current.get("lastTransitionTime")
+    stamp = rfc3339(now) if moved else current["lastTransitionTime"]
+    return {**current, **wanted, "lastTransitionTime": stamp}
+
+
 def container_entries(status: Obj | None, field: str, container: str) -> list[dict[str, Any]]:
     """The ``allocatedResourcesStatus`` list of one container status (empty if none)."""
-    for cs in (status or {}).get(field) or ():
-        if cs.get("name") == container:
-            return list(cs.get("allocatedResourcesStatus") or ())
-    return []
+    cs = podjson.find_named(podjson.items(status or {}, field), container)
+    return list((cs or {}).get("allocatedResourcesStatus") or ())
 
 
 def find_condition(status: Obj | None, condition_type: str) -> dict[str, Any] | None:
-    for cond in (status or {}).get("conditions") or ():
-        if cond.get("type") == condition_type:
-            return dict(cond)
-    return None
+    """The condition of ``condition_type`` in ``status`` (a copy), or ``None``."""
+    cond = podjson.find_named(podjson.items(status or {}, "conditions"), condition_type, "type")
+    return dict(cond) if cond is not None else None
 
 
 def normalized(entries: Iterable[Obj] | None) -> list[tuple[str, tuple[tuple[str, str, str], ...]]]:
@@ -310,51 +346,34 @@ def _merge_containers(
 ) -> bool:
     changed = False
     for (field, name), managed in containers.items():
-        for i, cs in enumerate(status.get(field) or ()):
+        for i, cs in enumerate(podjson.items(status, field)):
             if cs.get("name") != name:
                 continue
+            merged = merged_entries(cs.get("allocatedResourcesStatus"), managed)
+            if merged is None:
+                continue
             updated = dict(cs)
-            if _merge_entries(updated, managed):
-                statuses = list(status[field])
-                statuses[i] = updated
-                status[field] = statuses
-                changed = True
+            if merged:
+                updated["allocatedResourcesStatus"] = merged
+            else:
+                updated.pop("allocatedResourcesStatus", None)
+            statuses = list(status[field])
+            statuses[i] = updated
+            status[field] = statuses
+            changed = True
     return changed
 
 
-def _merge_entries(cs: dict[str, Any], managed: Mapping[str, dict[str, Any] | None]) -> bool:
-    current = list(cs.get("allocatedResourcesStatus") or ())
-    # Like the kubelet, entries left without resources go, ours or not.
-    merged = [
-        e
-        for e in current
-        if (managed[e["name"]] if e.get("name") in managed else e.get("resources"))
-    ]
-    merged = [copy.deepcopy(managed.get(e.get("name")) or e) for e in merged]
-    present = {e.get("name") for e in merged}
-    merged += [copy.deepcopy(e) for n, e in managed.items() if e and n not in present]
-    if normalized(merged) == normalized(current):
-        return False
-    if merged:
-        cs["allocatedResourcesStatus"] = merged
-    else:
-        cs.pop("allocatedResourcesStatus", None)
-    return True
-
-
 def _merge_condition(status: dict[str, Any], wanted: Mapping[str, Any], now: float) -> bool:
-    conditions = [dict(c) for c in status.get("conditions") or ()]
-    for i, cond in enumerate(conditions):
-        if cond.get("type") != wanted["type"]:
-            continue
-        if all(cond.get(k) == wanted[k] for k in ("status", "reason", "message")):
-            return False
-        moved = cond.get("status") != wanted["status"] or not cond.get("lastTransitionTime")
-        stamp = rfc3339(now) if moved else cond["lastTransitionTime"]
-        conditions[i] = {**cond, **wanted, "lastTransitionTime": stamp}
-        status["conditions"] = conditions
-        return True
-    conditions.append({**wanted, "lastTransitionTime": rfc3339(now)})
+    conditions = list(podjson.items(status, "conditions"))
+    at = next((i for i, c in enumerate(conditions) if c.get("type") == wanted["type"]), None)
+    merged = merged_condition(conditions[at] if at is not None else None, wanted, now)
+    if merged is None:
+        return False
+    if at is None:
+        conditions.append(merged)
+    else:
+        conditions[at] = merged
     status["conditions"] = conditions
     return True
 
@@ -362,16 +381,10 @@ def _merge_condition(status: dict[str, Any], wanted: Mapping[str, Any], now: flo
 def _claim_devices(
     pod: Obj, index: claims.DeviceLookup, ref: str
 ) -> Sequence[claims.PreparedDevice] | None:
-    meta = pod.get("metadata") or {}
     name, _ = claims.resolve_claim_name(pod, ref)
     if not name:
         return None
-    key = claims.ClaimKey(str(meta.get("namespace") or "default"), name)
-    return index.devices_for(str(meta.get("uid", "")), key)
-
-
-def _pod_claim_refs(pod: Obj) -> Iterable[Obj]:
-    return (pod.get("spec") or {}).get("resourceClaims") or ()
+    return index.devices_for(podjson.uid(pod), claims.ClaimKey(podjson.namespace(pod), name))
 
 
 def _describe(states: Sequence[DeviceState]) -> str:
@@ -380,10 +393,3 @@ def _describe(states: Sequence[DeviceState]) -> str:
         part = f"{s.key} (claim {s.claim_ref})"
         parts.append(f"{part}: {s.message}" if s.message else part)
     return "; ".join(parts)
-
-
-def _cap(text: str, limit: int) -> str:
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    return raw[: limit - 3].decode("utf-8", errors="ignore") + "..."

@@ -5,7 +5,8 @@ uses evanphx/json-patch for RFC 6902 and RFC 7386 and ``apimachinery/pkg/util/st
 for strategic merge patches. The strategic merge schema here covers the pod and pod-status
 fields a kubelet-like client touches; lists without a known merge key are replaced whole,
 which is what the real server does for ``+listType=atomic`` lists such as
-``status.containerStatuses``.
+``status.containerStatuses``. JSON pointers are resolved by the package's own
+``kubelet_dra.jsonpointer``, the one the status writer uses.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import copy
 import json
 from typing import Any
+
+from kubelet_dra import jsonpointer
 
 JSON = Any
 
@@ -84,50 +87,37 @@ def json_patch(doc: JSON, ops: JSON) -> JSON:
     return result
 
 
+_MISSING = jsonpointer.MISSING
+_child = jsonpointer.child
+
+
+def _missing(op: str, path: Any) -> PatchError:
+    # evanphx/json-patch wording, which the apiserver passes through.
+    return PatchError(
+        f'{op} operation does not apply: doc is missing path: "{path}": missing value', code=422
+    )
+
+
 def _pointer(path: Any) -> list[str]:
-    if not isinstance(path, str) or (path and not path.startswith("/")):
+    if not isinstance(path, str):
         raise PatchError(f"invalid JSON pointer: {path!r}", code=400)
-    if path == "":
-        return []
-    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+    try:
+        return jsonpointer.parse(path)
+    except ValueError as exc:
+        raise PatchError(str(exc), code=400) from exc
 
 
 def _parent(doc: JSON, parts: list[str], op: str, path: str) -> JSON:
-    node = doc
-    for part in parts[:-1]:
-        node = _child(node, part)
-        if node is _MISSING:
-            raise PatchError(
-                f'{op} operation does not apply: doc is missing path: "{path}": missing value',
-                code=422,
-            )
+    node = jsonpointer.walk(doc, parts[:-1])
+    if node is _MISSING:
+        raise _missing(op, path)
     return node
 
 
-class _Missing:
-    pass
-
-
-_MISSING = _Missing()
-
-
-def _child(node: JSON, part: str) -> JSON:
-    if isinstance(node, dict):
-        return node.get(part, _MISSING)
-    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-        return node[int(part)]
-    return _MISSING
-
-
 def _get(doc: JSON, path: Any, op: str) -> JSON:
-    node = doc
-    for part in _pointer(path):
-        node = _child(node, part)
-        if node is _MISSING:
-            raise PatchError(
-                f'{op} operation does not apply: doc is missing path: "{path}": missing value',
-                code=422,
-            )
+    node = jsonpointer.walk(doc, _pointer(path))
+    if node is _MISSING:
+        raise _missing(op, path)
     return node
 
 
@@ -136,10 +126,7 @@ def _remove(doc: JSON, path: Any, op: str) -> JSON:
     parent = _parent(doc, parts, op, path)
     value = _child(parent, parts[-1])
     if value is _MISSING:
-        raise PatchError(
-            f'{op} operation does not apply: doc is missing path: "{path}": missing value',
-            code=422,
-        )
+        raise _missing(op, path)
     if isinstance(parent, dict):
         del parent[parts[-1]]
     else:
@@ -159,10 +146,7 @@ def _add(doc: JSON, path: Any, value: JSON, op: str) -> JSON:
         index = len(parent) if key == "-" else int(key)
         parent.insert(index, copy.deepcopy(value))
     else:
-        raise PatchError(
-            f'{op} operation does not apply: doc is missing path: "{path}": missing value',
-            code=422,
-        )
+        raise _missing(op, path)
     return doc
 
 

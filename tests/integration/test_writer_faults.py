@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import random
+
 import pytest
 
+from kubelet_dra import claims, clock, healthinfo, kube, models, podstatus
+from kubelet_dra.testing import fakeapi
 from tests.integration import test_kube_harness as h
 
 H = h.H
@@ -82,3 +87,111 @@ async def test_outage_longer_than_the_retries_still_ends_with_the_last_state() -
         await h.eventually(
             lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"}, timeout=10
         )
+
+
+async def test_pod_replaced_under_the_same_name_mid_write_is_dropped_not_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The writer holds the pod as the watch last showed it; before its write
+    # goes out the pod is deleted and created again under the same name (a
+    # StatefulSet replica, say) and the watch has not told us yet. The write's
+    # uid test fails (422), the re-read finds another UID: the old pod is gone.
+    with fakeapi.FakeApiServer() as server:
+        t = h.Harness(server, h.make_settings())
+        try:
+            old = t.pod_with_gpu("p1", "gpu-0")
+            t.index.set_pod(old)
+            t.index.set_claim(server.get_claim("default", "p1-gpu"))
+            t.writer.pod_updated(old)
+            t.report("gpu-0", H.UNHEALTHY, "ECC")
+            server.delete_pod("default", "p1")
+            new = server.create_pod(fakeapi.make_pod("p1", h.NODE))
+            assert new["metadata"]["uid"] != old["metadata"]["uid"]
+            with caplog.at_level(logging.INFO):
+                await t.writer.round()
+            assert t.writer.stats.results["gone"] == 1
+            assert t.writer.stats.pending == 0  # not retried every second until the watch says so
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert server.count("GET", r"/pods/p1/status$") == 1  # the one re-read
+            fresh = server.get_pod("default", "p1")
+            assert fresh["metadata"]["uid"] == new["metadata"]["uid"]
+            assert "conditions" not in fresh["status"] or not any(
+                c["type"] == t.config.pod_condition_type for c in fresh["status"]["conditions"]
+            )  # the new pod was not written with the old one's health
+        finally:
+            t.client.close()
+
+
+async def test_transient_failures_of_one_pod_back_off_exponentially_with_a_cap() -> None:
+    # An API outage must cost each pod fewer and fewer attempts, not one a second.
+    fake = clock.FakeClock()
+    with fakeapi.FakeApiServer() as server:
+        server.create_claim(fakeapi.make_claim("p1-gpu", results=[(h.DRV, "pool", "gpu-0", "gpu")]))
+        pod = server.create_pod(
+            fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")])
+        )
+        index = claims.ClaimIndex()
+        index.set_pod(pod)
+        index.set_claim(server.get_claim("default", "p1-gpu"))
+        cache = healthinfo.HealthCache(default_lease=3600)
+        client = server.api_client()
+        writer = kube.StatusWriter(
+            api=kube.Api(client), node_name=h.NODE, index=index, health=cache.get,
+            config=h.make_settings(), clock=fake, max_attempts=1, rng=random.Random(4),
+        )  # fmt: skip
+
+        def report(health: models.HealthStatus) -> None:
+            device = models.DeviceReport("pool", "gpu-0", health, "")
+            writer.mark_dirty(index.pods_for_devices(cache.update(h.DRV, [device], now=fake.now())))
+
+        def backoff() -> float:
+            state = writer.state(pod["metadata"]["uid"])
+            assert state is not None and state.due is not None
+            return state.due - fake.now()
+
+        try:
+            report(H.UNHEALTHY)
+            writer.pod_updated(pod)
+            outage = server.fail("PATCH", STATUS, code=503, times=None)
+            for n in range(8):
+                await writer.round()
+                assert 0.8 * min(30.0, 2.0**n) <= backoff() <= 1.2 * min(30.0, 2.0**n)
+                fake.advance(backoff())
+            server.clear_fault(outage)
+            await writer.round()
+            assert writer.stats.results["ok"] == 1 and writer.stats.pending == 0
+            resources = server.get_pod("default", "p1")["status"]["containerStatuses"][0][
+                "allocatedResourcesStatus"
+            ][0]["resources"]
+            assert [r["health"] for r in resources] == ["Unhealthy"]
+            server.fail("PATCH", STATUS, code=503, times=None)
+            fake.advance(1.0)
+            report(H.HEALTHY)
+            await writer.round()
+            assert backoff() <= 1.2  # a success resets the streak
+        finally:
+            client.close()
+
+
+async def test_refused_init_container_entries_are_planned_away_not_resent() -> None:
+    # Validation of health entries on init containers (sidecars) is not verified
+    # upstream: a 422 whose tests all hold, for a write that carried them, stops
+    # sending them, and the retry is planned without them at once.
+    async with h.running() as t:
+        t.server.create_claim(
+            fakeapi.make_claim("p1-gpu", results=[(h.DRV, "pool", "gpu-0", "gpu")])
+        )
+        pod = fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")])
+        side = {**pod["spec"]["containers"][0], "name": "side", "restartPolicy": "Always"}
+        pod["spec"]["initContainers"] = [side]
+        pod["status"]["initContainerStatuses"] = [fakeapi.container_status("side")]
+        t.server.fail("PATCH", STATUS, code=422, times=1)
+        t.server.create_pod(pod)
+        await h.eventually(lambda: t.pods.claims_synced)
+        t.report("gpu-0", H.UNHEALTHY, "bad")
+        await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+        status = t.server.get_pod("default", "p1")["status"]
+        assert podstatus.container_entries(status, claims.INIT_CONTAINERS, "side") == []
+        refused = [r for r in t.server.status_writes() if r.status == 422]
+        assert len(refused) == 1
+        assert t.writer.stats.results["failed"] == 0

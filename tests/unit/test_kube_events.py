@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubelet_dra import _kube_events, errors
+from kubelet_dra import errors, models, podstatus
 from kubelet_dra.clock import FakeClock
+from kubelet_dra.kube import api as kube_api
+from kubelet_dra.kube import events as _kube_events
 
+H = models.HealthStatus
 POD = {"kind": "Pod", "name": "p", "namespace": "default", "uid": "u1"}
 
 
@@ -54,16 +57,12 @@ async def test_other_create_errors_give_the_occurrence_up() -> None:
 async def test_transient_failure_waits_an_interval_before_retrying() -> None:
     clock = FakeClock()
     recorder = _kube_events.EventRecorder(node="n", clock=clock, interval=60)
-
-    class Down(errors.ApiError):
-        transient = True
-
     attempts = 0
 
     async def create(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         nonlocal attempts
         attempts += 1
-        raise Down("connection refused")
+        raise kube_api.CallError("connection refused", status=None)  # what the API raises
 
     api = Api(create_status=None)
     recorder.record(POD, _kube_events.DEVICE_UNHEALTHY, "gpu-0 Unhealthy")
@@ -75,3 +74,30 @@ async def test_transient_failure_waits_an_interval_before_retrying() -> None:
     await recorder.flush(api.create, api.patch)
     assert [c[0] for c in api.calls] == ["create"]
     assert recorder.next_due() is None
+
+
+def test_health_transitions_announce_news_only() -> None:
+    key = models.DeviceKey("drv", "pool", "gpu-0")
+    seen: dict[models.DeviceKey, models.HealthStatus] = {}
+    known: set[models.DeviceKey] = set()
+
+    def look(health: models.HealthStatus, message: str = "") -> list[tuple[str, str, str]]:
+        device = podstatus.DeviceState(key, "drv/pool/gpu-0", "gpu", health, message)
+        return list(_kube_events.health_transitions([device], seen, known))
+
+    assert look(H.UNKNOWN) == []  # a fresh pod: no news yet
+    assert look(H.HEALTHY) == []  # first known state, and a boring one
+    assert look(H.HEALTHY) == []  # unchanged
+    assert look(H.UNHEALTHY, "ECC") == [
+        (_kube_events.DEVICE_UNHEALTHY, "Warning", f"Device {key} (claim gpu) is Unhealthy: ECC")
+    ]
+    assert [r for r, _, _ in look(H.UNKNOWN)] == [_kube_events.DEVICE_HEALTH_UNKNOWN]
+    assert [(r, k) for r, k, _ in look(H.HEALTHY)] == [(_kube_events.DEVICE_HEALTHY, "Normal")]
+
+
+def test_a_first_unhealthy_report_is_news() -> None:
+    key = models.DeviceKey("drv", "pool", "gpu-0")
+    device = podstatus.DeviceState(key, "drv/pool/gpu-0", "gpu", H.UNHEALTHY, "")
+    assert [r for r, _, _ in _kube_events.health_transitions([device], {}, set())] == [
+        _kube_events.DEVICE_UNHEALTHY
+    ]

@@ -1,6 +1,6 @@
 """Blocking calls to the Kubernetes API on plain JSON, errors translated.
 
-Private half of ``kube``: the only other module importing ``kubernetes``.
+Part of ``kube``: the only other module importing ``kubernetes``.
 Every call asks the official client for the raw response
 (``_preload_content=False``) and decodes the JSON itself, so no ``V1Pod``
 ever exists and fields the client's models do not know (a newer API's
@@ -8,8 +8,9 @@ ever exists and fields the client's models do not know (a newer API's
 
 Client exceptions become :class:`CallError` (an ``errors.ApiError`` with the
 HTTP status, ``None`` for a lost connection, and ``Retry-After`` when the
-server sent one); a 404 on a pod becomes ``errors.PodGone``. The callers in
-``kube`` run these through ``asyncio.to_thread``.
+server sent one); a 404 on a pod becomes ``errors.PodGone``. Which failures
+are worth retrying is said once, by :func:`is_transient`. The callers in
+``kube.pods`` and ``kube.writer`` run these through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from kubelet_dra import errors
 
 logger = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 T = TypeVar("T")
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -53,6 +53,15 @@ class CallError(errors.ApiError):
     def transient(self) -> bool:
         """Worth retrying: connection loss, 429 or 5xx."""
         return self.status is None or self.status == 429 or self.status >= 500
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The retry rule of every API call: a :class:`CallError` that is transient.
+
+    ``errors.PodGone`` is never one (it is no ``CallError``): a gone pod is
+    given up, not retried.
+    """
+    return isinstance(exc, CallError) and exc.transient
 
 
 class Gone(CallError):
@@ -125,7 +134,8 @@ class Api:
 
     # -- pods ----------------------------------------------------------------
 
-    def list_node_pods(self, node: str) -> Obj:
+    def list_node_pods(self, node: str) -> dict[str, Any]:
+        """The pods bound to ``node`` (field selector ``spec.nodeName``), as a list object."""
         return self._call(
             f"list pods on node {node}",
             lambda: self._core.list_pod_for_all_namespaces(
@@ -136,7 +146,7 @@ class Api:
 
     def watch_node_pods(
         self, node: str, resource_version: str, *, timeout: int, on_open: Callable[[Any], None]
-    ) -> Iterator[Obj]:
+    ) -> Iterator[dict[str, Any]]:
         """Events of the node's pods after ``resource_version`` (bookmarks included)."""
         return self._watch(
             f"watch pods on node {node}",
@@ -149,7 +159,8 @@ class Api:
             on_open,
         )  # fmt: skip
 
-    def get_pod(self, namespace: str, name: str) -> Obj:
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod, read through ``pods/<name>/status``; 404 is ``errors.PodGone``."""
         return self._call(
             f"get pod {namespace}/{name}",
             lambda: self._core.read_namespaced_pod_status(
@@ -158,7 +169,9 @@ class Api:
             pod=True,
         )
 
-    def json_patch_pod_status(self, namespace: str, name: str, ops: list[Obj]) -> Obj:
+    def json_patch_pod_status(
+        self, namespace: str, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         """A JSON patch (RFC 6902, with ``test`` operations) of ``pods/<name>/status``."""
         return self._call(
             f"patch status of pod {namespace}/{name}",
@@ -171,7 +184,8 @@ class Api:
 
     # -- claims --------------------------------------------------------------
 
-    def get_claim(self, namespace: str, name: str) -> Obj:
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """One ``resource.k8s.io/v1`` ResourceClaim."""
         return self._call(
             f"get ResourceClaim {namespace}/{name}",
             lambda: self._resource.read_namespaced_resource_claim(
@@ -181,7 +195,8 @@ class Api:
 
     # -- events --------------------------------------------------------------
 
-    def create_event(self, namespace: str, body: Any) -> Obj:
+    def create_event(self, namespace: str, body: Any) -> dict[str, Any]:
+        """Create a core/v1 Event in ``namespace``."""
         return self._call(
             f"create event in {namespace}",
             lambda: self._core.create_namespaced_event(
@@ -189,7 +204,8 @@ class Api:
             ),
         )
 
-    def patch_event(self, namespace: str, name: str, body: Obj) -> Obj:
+    def patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Update an Event's count, message and time (a JSON merge patch)."""
         return self._call(
             f"update event {namespace}/{name}",
             lambda: self._core.patch_namespaced_event(
@@ -200,11 +216,11 @@ class Api:
 
     # -- internals -----------------------------------------------------------
 
-    def _call(self, what: str, send: Callable[[], Any], *, pod: bool = False) -> Obj:
+    def _call(self, what: str, send: Callable[[], Any], *, pod: bool = False) -> dict[str, Any]:
         self.calls += 1
         try:
             response = send()
-            data: Obj = json.loads(response.data or b"{}")
+            data: dict[str, Any] = json.loads(response.data or b"{}")
             return data
         except ApiException as exc:
             raise _translate(what, exc, pod=pod) from exc
@@ -213,7 +229,7 @@ class Api:
 
     def _watch(
         self, what: str, open_: Callable[[], Any], on_open: Callable[[Any], None]
-    ) -> Iterator[Obj]:
+    ) -> Iterator[dict[str, Any]]:
         self.calls += 1
         try:
             response = open_()
@@ -241,7 +257,7 @@ def close_response(response: Any) -> None:
         logger.debug("closing a watch failed", exc_info=True)
 
 
-def _events(what: str, response: Any) -> Iterator[Obj]:
+def _events(what: str, response: Any) -> Iterator[dict[str, Any]]:
     buffer = b""
     for chunk in response.stream(amt=None, decode_content=True):
         buffer += chunk
@@ -253,8 +269,8 @@ def _events(what: str, response: Any) -> Iterator[Obj]:
         yield _event(what, buffer)
 
 
-def _event(what: str, line: bytes) -> Obj:
-    event: Obj = json.loads(line)
+def _event(what: str, line: bytes) -> dict[str, Any]:
+    event: dict[str, Any] = json.loads(line)
     if event.get("type") == "ERROR":
         obj = event.get("object") or {}
         code = obj.get("code")

@@ -1,32 +1,8 @@
-"""The Kubernetes side: the node's pods and their claims in, pod status and Events out.
+"""The node's pods (list + watch, field selector) and the claims they reference (GET each).
 
-The only public module that talks to the API (with its private halves
-``_kube_api``, ``_kube_writer`` and ``_kube_events``, the only other modules
-importing ``kubernetes``). Kubelet counterparts: the pod manager's view of the
-node's pods, the status manager with ``pkg/util/pod`` ``PatchPodStatus``,
-and the event recorder.
-
-:class:`NodePods` lists and watches the pods with ``spec.nodeName=<node>``
-(field selector; 410 Gone relists) and feeds them to the claim index and the
-status writer. For each claim those pods reference it GETs that one
-ResourceClaim, retrying while it is missing or not allocated yet. There is no
-cluster-wide claim list or watch: the API load of a node grows with its own
-pods only. No per-claim watch is needed either: a claim reserved for a pod
-that runs on this node cannot change its allocation until the pod is gone,
-and a pod that references a new claim arrives through the pod watch.
-
-:class:`StatusWriter` (``_kube_writer``) turns dirty pods into status
-patches. Lease deadlines become dirty pods through ``plugins.PluginManager``'s
-deadline task, like every other health change. Wiring, as the manager does it::
-
-    api = kube.Api(kube.load_client(settings.kubeconfig))
-    writer = kube.StatusWriter(api=api, node_name=node, index=index,
-                               health=cache.get, config=settings, clock=clock)
-    pods = kube.NodePods(api=api, node_name=node, index=index, writer=writer,
-                         clock=clock)
-    # every health change (reports, stream ends, lease deadlines) arrives as
-    # on_change(changed) -> writer.mark_dirty(index.pods_for_devices(changed))
-    # tasks: writer.run(), pods.run()
+Part of ``kube`` (see the package docstring for the wiring). Kubelet
+counterpart: the pod manager's view of the node's pods (its pod config
+source), with one GET per referenced ResourceClaim instead of an informer.
 """
 
 from __future__ import annotations
@@ -37,21 +13,14 @@ import logging
 import threading
 from typing import Any
 
-from kubelet_dra import _kube_api, _kube_events, _kube_writer, claims, errors
+from kubelet_dra import claims, errors, podjson
 from kubelet_dra import clock as clock_mod
+from kubelet_dra.kube import api as kube_api
+from kubelet_dra.kube import calls
+from kubelet_dra.kube import writer as kube_writer
+from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
-
-Obj = dict[str, Any]
-
-# Public names of the private halves.
-Api = _kube_api.Api
-CallError = _kube_api.CallError
-load_client = _kube_api.load_client
-StatusWriter = _kube_writer.StatusWriter
-WriterStats = _kube_writer.WriterStats
-TokenBucket = _kube_writer.TokenBucket
-EventRecorder = _kube_events.EventRecorder
 
 _DONE = object()
 
@@ -62,12 +31,12 @@ class NodePods:
     def __init__(
         self,
         *,
-        api: _kube_api.Api,
+        api: kube_api.Api,
         node_name: str,
         index: claims.ClaimIndex,
-        writer: _kube_writer.StatusWriter,
+        writer: kube_writer.StatusWriter,
         clock: clock_mod.Clock,
-        limiter: _kube_writer.TokenBucket | None = None,
+        limiter: calls.TokenBucket | None = None,
         watch_timeout: int = 300,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
@@ -88,6 +57,7 @@ class NodePods:
         return self.pods_synced and self._index.referenced_claims() <= self._fetched
 
     def get(self, uid: str) -> Obj | None:
+        """The node's pod with this UID as last listed or watched, or ``None``."""
         return self._pods.get(uid)
 
     async def run(self) -> None:
@@ -100,7 +70,7 @@ class NodePods:
                     delay = self._backoff[0]
                     while True:
                         rv = await self._watch(rv)
-                except _kube_api.Gone:
+                except kube_api.Gone:
                     logger.info("Pod watch on node %s expired; listing again", self.node)
                 except errors.ApiError as exc:
                     logger.warning("Pod watch on node %s failed: %s", self.node, exc)
@@ -117,13 +87,13 @@ class NodePods:
             await self._limiter.acquire()
         listed = await asyncio.to_thread(self._api.list_node_pods, self.node)
         items = listed.get("items") or []
-        present = {str(p["metadata"]["uid"]) for p in items}
+        present = {podjson.uid(p) for p in items}
         for uid in set(self._pods) - present:
             self._remove(uid)
         for pod in items:
             self._upsert(pod)
         self.pods_synced = True
-        return str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        return podjson.resource_version(listed)
 
     async def _watch(self, rv: str) -> str:
         loop = asyncio.get_running_loop()
@@ -144,7 +114,7 @@ class NodePods:
                 rv = self._apply(item) or rv
         finally:
             for response in opened:
-                _kube_api.close_response(response)
+                kube_api.close_response(response)
 
     def _pump(
         self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], rv: str,
@@ -166,18 +136,21 @@ class NodePods:
             put(exc)
 
     def _apply(self, event: Obj) -> str:
-        obj = event.get("object") or {}
-        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        obj: Obj = event.get("object") or {}
+        rv = podjson.resource_version(obj)
         kind = event.get("type")
         if kind in ("ADDED", "MODIFIED"):
             self._upsert(obj)
         elif kind == "DELETED":
-            self._remove(str((obj.get("metadata") or {}).get("uid", "")))
+            self._remove(podjson.uid(obj))
         return rv
 
     def _upsert(self, pod: Obj) -> None:
-        uid = str(pod["metadata"]["uid"])
-        if (pod.get("spec") or {}).get("nodeName") != self.node:
+        uid = podjson.uid(pod)
+        if not uid:
+            logger.warning("Ignoring a pod without a UID from the API: %s", podjson.name(pod))
+            return
+        if podjson.node_name(pod) != self.node:
             self._remove(uid)  # not ours (a stale event): never indexed, never written
             return
         self._pods[uid] = pod

@@ -1,6 +1,6 @@
 """Kubernetes Events for device-health transitions, rate-limited and aggregated.
 
-Private half of ``kube``. Mirrors what client-go's ``EventCorrelator`` gives
+Part of ``kube``. Mirrors what client-go's ``EventCorrelator`` gives
 the kubelet's recorder: repeats of one event series (same object, same
 reason) within ``interval`` become one Event whose ``count`` and
 ``lastTimestamp`` are updated, at most one request per series per interval.
@@ -10,6 +10,7 @@ the failure was transient.
 
 The recorder holds no client: :meth:`EventRecorder.flush` takes the send
 functions, so it is driven by the status writer's loop and its token bucket.
+Which device health changes are worth an Event is :func:`health_transitions`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import collections
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from kubelet_dra import clock as clock_mod
-from kubelet_dra import podstatus
+from kubelet_dra import models, podjson, podstatus
+from kubelet_dra.kube import api as kube_api
+from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +33,13 @@ COMPONENT = "kubelet-dra-health"
 DEVICE_UNHEALTHY = "DeviceUnhealthy"
 DEVICE_HEALTHY = "DeviceHealthy"
 DEVICE_HEALTH_UNKNOWN = "DeviceHealthUnknown"
-Obj = dict[str, Any]
-Create = Callable[[str, Obj], Awaitable[Obj]]
-Patch = Callable[[str, str, Obj], Awaitable[Obj]]
+_REASON = {
+    models.HealthStatus.UNHEALTHY: (DEVICE_UNHEALTHY, "Warning"),
+    models.HealthStatus.HEALTHY: (DEVICE_HEALTHY, "Normal"),
+    models.HealthStatus.UNKNOWN: (DEVICE_HEALTH_UNKNOWN, "Warning"),
+}
+Create = Callable[[str, dict[str, Any]], Awaitable[Obj]]
+Patch = Callable[[str, str, dict[str, Any]], Awaitable[Obj]]
 
 
 @dataclasses.dataclass(slots=True)
@@ -81,6 +88,7 @@ class EventRecorder:
         self.recorded += 1
 
     def pending(self) -> int:
+        """How many series have occurrences not sent yet."""
         return sum(1 for s in self._series.values() if s.count > s.sent_count)
 
     def next_due(self) -> float | None:
@@ -103,14 +111,14 @@ class EventRecorder:
             await self._send(series, now, create, patch)
 
     async def _send(self, series: _Series, now: float, create: Create, patch: Patch) -> None:
-        namespace = str(series.involved.get("namespace") or "default")
+        namespace = _namespace(series.involved)
         try:
             if series.name:
                 await patch(namespace, series.name, self._update_body(series, now))
             else:
                 await self._create(series, namespace, now, create, patch)
         except Exception as exc:
-            transient = getattr(exc, "transient", False)
+            transient = kube_api.is_transient(exc)
             logger.log(
                 logging.DEBUG if transient else logging.WARNING,
                 "Event %s for %s not sent: %s", series.reason, _describe(series.involved), exc,
@@ -141,7 +149,7 @@ class EventRecorder:
             await patch(namespace, name, self._update_body(series, now))
         series.name = name
 
-    def _create_body(self, series: _Series, now: float) -> Obj:
+    def _create_body(self, series: _Series, now: float) -> dict[str, Any]:
         stamp = podstatus.rfc3339(now)
         digest = hashlib.sha256(
             f"{series.involved.get('uid')}/{series.reason}/{series.first}".encode()
@@ -149,7 +157,7 @@ class EventRecorder:
         return {
             "metadata": {
                 "name": f"{series.involved.get('name')}.{digest}",
-                "namespace": series.involved.get("namespace") or "default",
+                "namespace": _namespace(series.involved),
             },
             "involvedObject": series.involved,
             "reason": series.reason,
@@ -163,7 +171,7 @@ class EventRecorder:
             "reportingInstance": self.node,
         }
 
-    def _update_body(self, series: _Series, now: float) -> Obj:
+    def _update_body(self, series: _Series, now: float) -> dict[str, Any]:
         return {
             "count": series.count,
             "message": series.message,
@@ -175,20 +183,58 @@ class EventRecorder:
             self._series.popitem(last=False)
 
 
-def pod_ref(pod: Obj) -> Obj:
-    meta = pod.get("metadata") or {}
+def health_transitions(
+    devices: Iterable[podstatus.DeviceState],
+    seen: dict[models.DeviceKey, models.HealthStatus],
+    known: set[models.DeviceKey],
+) -> Iterator[tuple[str, str, str]]:
+    """The Events one pod's devices are worth now, as (reason, type, message).
+
+    ``seen`` (health at the last look) and ``known`` (devices once Healthy or
+    Unhealthy) are the pod's memory and are updated. Until a device was once
+    Healthy or Unhealthy (a fresh pod, a sidecar restart), Unknown and then
+    Healthy are not news; Unhealthy always is.
+    """
+    for device in devices:
+        before = seen.get(device.key)
+        seen[device.key] = device.health
+        first_and_boring = (
+            device.key not in known and device.health is not models.HealthStatus.UNHEALTHY
+        )
+        if device.health is not models.HealthStatus.UNKNOWN:
+            known.add(device.key)
+        if before == device.health or first_and_boring:
+            continue
+        reason, kind = _REASON[device.health]
+        message = f"Device {device.key} (claim {device.claim_ref}) is {device.health}"
+        yield reason, kind, message + (f": {device.message}" if device.message else "")
+
+
+def pod_ref(pod: Obj) -> dict[str, Any]:
+    """The ``involvedObject`` of an Event about ``pod``."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "name": meta.get("name"),
-        "namespace": meta.get("namespace") or "default",
-        "uid": meta.get("uid"),
+        "name": podjson.metadata(pod).get("name"),
+        "namespace": podjson.namespace(pod),
+        "uid": podjson.metadata(pod).get("uid"),
     }
 
 
-def node_ref(node: str) -> Obj:
-    # Node events live in "default", as the kubelet's do.
-    return {"apiVersion": "v1", "kind": "Node", "name": node, "namespace": "default", "uid": node}
+def node_ref(node: str) -> dict[str, Any]:
+    """The ``involvedObject`` of an Event about the node (such events live in ``default``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node,
+        "namespace": podjson.DEFAULT_NAMESPACE,
+        "uid": node,
+    }
+
+
+def _namespace(involved: Obj) -> str:
+    """Where the Event goes: the involved object's namespace (``default`` for a node)."""
+    return str(involved.get("namespace") or podjson.DEFAULT_NAMESPACE)
 
 
 def _describe(involved: Obj) -> str:

@@ -1,0 +1,98 @@
+"""API requests under one QPS/burst limit, retried while the failure is transient.
+
+Part of ``kube``. Kubelet counterparts: client-go's token bucket rate limiter
+(``util/flowcontrol``), which every kubelet request passes, and the retries
+its status manager makes. Retries run through tenacity on the injected clock,
+with jitter from an injected ``random.Random``; which failures are retried is
+``api.is_transient``'s rule (5xx, 429, lost connections), and a server's
+``Retry-After`` wins over the backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import tenacity
+
+from kubelet_dra import clock as clock_mod
+from kubelet_dra.kube import api as kube_api
+
+
+class TokenBucket:
+    """QPS/burst limiter on the injected clock (client-go's token bucket)."""
+
+    def __init__(self, *, qps: float, burst: int, clock: clock_mod.Clock) -> None:
+        self.qps, self.burst = qps, burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._stamp = clock.now()
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        """Take one token, waiting (on the injected clock) until one is there."""
+        async with self._lock:
+            self._refill()
+            while self._tokens < 1:
+                await self._clock.sleep((1 - self._tokens) / self.qps)
+                self._refill()
+            self._tokens -= 1
+
+    def _refill(self) -> None:
+        now = self._clock.now()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.qps)
+        self._stamp = now
+
+
+class Counts(Protocol):
+    """Where requests and retries are counted (the writer's ``WriterStats``)."""
+
+    requests: int
+    results: collections.Counter[str]
+
+
+class RetryingCaller:
+    """Runs blocking ``Api`` calls in a thread, each under the limiter, with retries."""
+
+    def __init__(
+        self,
+        *,
+        limiter: TokenBucket,
+        clock: clock_mod.Clock,
+        counts: Counts,
+        max_attempts: int = 5,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._limiter, self._clock, self._counts = limiter, clock, counts
+        self._max_attempts = max_attempts
+        self._rng = rng or random.Random()
+
+    async def call(self, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+        """``fn(*args)``, retried while it fails transiently, up to ``max_attempts`` times."""
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception(kube_api.is_transient),
+            wait=self._wait,
+            stop=tenacity.stop_after_attempt(self._max_attempts),
+            sleep=self._clock.sleep,
+            before_sleep=self._count_retry,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self._limiter.acquire()
+                self._counts.requests += 1
+                return await asyncio.to_thread(fn, *args)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        retry_after = getattr(exc, "retry_after", None)
+        if retry_after is not None:
+            return float(retry_after)
+        return float(min(5.0, 0.1 * 2 ** (state.attempt_number - 1)) * self._rng.uniform(0.5, 1.0))
+
+    def _count_retry(self, state: tenacity.RetryCallState) -> None:
+        self._counts.results["retried"] += 1

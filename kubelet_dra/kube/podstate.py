@@ -1,0 +1,218 @@
+"""What the status writer keeps per pod, in one object, and the table of them; pure.
+
+Part of ``kube``. Kubelet counterpart: the status manager's ``podStatuses``
+map (``pkg/kubelet/status/status_manager.go``), one versioned status per pod
+UID. Here one :class:`PodState` holds everything the writer knows about a pod:
+its newest copy, when it is due, its last write, its failure streak, its
+post-mortem record, whether the kubelet owns its device entries, and the
+device health its events last announced. Forgetting a pod is dropping one
+entry (:meth:`PodStates.drop`).
+
+Scheduling is pure arithmetic on times the caller passes: the write window is
+leading-edge per pod (:meth:`PodStates.mark_dirty`), and a pod whose write
+failed transiently is retried after :func:`failure_backoff`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from kubelet_dra import claims, models, podjson
+from kubelet_dra.podjson import Obj
+
+FAILED_RETRY_MAX = 30.0
+"""Longest wait before retrying a pod whose write failed transiently, seconds."""
+
+
+def failure_backoff(streak: int, rng: random.Random) -> float:
+    """Seconds before retrying after ``streak`` failed writes in a row.
+
+    1, 2, 4 ... 30 s with +-20 % jitter, so an API outage costs each pod fewer
+    and fewer attempts and the pods of a node do not retry in step.
+    """
+    return min(FAILED_RETRY_MAX, 2.0 ** (streak - 1)) * rng.uniform(0.8, 1.2)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PostMortem:
+    """A terminated pod's claims and device health, frozen when it terminated."""
+
+    lookup: claims.FrozenClaims
+    health: dict[models.DeviceKey, models.DeviceHealth]
+    at: float
+    expires: float
+    seq: int = 0  # order of creation: the oldest record is evicted first
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Written:
+    """What our last accepted write left in the pod (to notice another writer)."""
+
+    rv: int
+    entries: tuple[Any, ...]
+
+
+@dataclasses.dataclass(slots=True)
+class PodState:
+    """Everything the writer keeps about one pod."""
+
+    pod: Obj  # the newest copy: from the watch, a re-read or our write's answer
+    due: float | None = None  # dirty: write it not before this time
+    last_write: float | None = None  # when our last write was sent
+    failures: int = 0  # failed writes in a row
+    written: Written | None = None
+    record: PostMortem | None = None
+    kubelet_owned: bool = False  # the kubelet writes this pod's device entries
+    seen_health: dict[models.DeviceKey, models.HealthStatus] = dataclasses.field(
+        default_factory=dict
+    )  # what the last event computation saw
+    known_health: set[models.DeviceKey] = dataclasses.field(default_factory=set)
+
+    @property
+    def uid(self) -> str:
+        """The pod's UID (the table's key)."""
+        return podjson.uid(self.pod)
+
+
+class PodStates:
+    """Every pod the writer knows, by UID, and which of them are dirty."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, PodState] = {}
+        self._dirty: set[str] = set()  # an index of the states whose ``due`` is set
+        self._records = 0
+        self._owned = 0
+        self._next_expiry: float | None = None
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._states
+
+    def __iter__(self) -> Iterator[PodState]:
+        return iter(list(self._states.values()))
+
+    def get(self, uid: str) -> PodState | None:
+        """The pod's state, or ``None`` when the pod is not known."""
+        return self._states.get(uid)
+
+    def put(self, pod: Obj) -> PodState:
+        """Record ``pod`` as its newest copy; a new pod gets a fresh state."""
+        uid = podjson.uid(pod)
+        state = self._states.get(uid)
+        if state is None:
+            state = self._states[uid] = PodState(pod)
+        else:
+            state.pod = pod
+        return state
+
+    def drop(self, uid: str) -> None:
+        """Forget the pod and all that was kept for it."""
+        state = self._states.pop(uid, None)
+        self._dirty.discard(uid)
+        if state is not None:
+            self._records -= state.record is not None
+            self._owned -= state.kubelet_owned
+
+    # -- scheduling ------------------------------------------------------------
+
+    def mark_dirty(self, uid: str, now: float, window: float) -> None:
+        """Due at once unless written within ``window``, then a window after that write.
+
+        An already dirty pod keeps the earlier time: changes coalesce.
+        """
+        state = self._states.get(uid)
+        if state is None:
+            return  # not known (yet): its arrival marks it
+        last = state.last_write if state.last_write is not None else now - window
+        due = max(now, last + window)
+        self._set_due(state, due if state.due is None else min(state.due, due))
+
+    def requeue(self, uid: str, at: float) -> None:
+        """Write the pod again at ``at`` (a retry: replaces any earlier time)."""
+        state = self._states.get(uid)
+        if state is not None:
+            self._set_due(state, at)
+
+    def take_due(self, now: float) -> list[str]:
+        """The pods due at ``now``, no longer dirty."""
+        due = [uid for uid in self._dirty if self._due(uid) <= now]
+        for uid in due:
+            self._states[uid].due = None
+            self._dirty.discard(uid)
+        return due
+
+    def next_due(self) -> float | None:
+        """When the earliest dirty pod is due."""
+        return min((self._due(uid) for uid in self._dirty), default=None)
+
+    @property
+    def pending(self) -> int:
+        """How many pods are dirty."""
+        return len(self._dirty)
+
+    def _set_due(self, state: PodState, due: float) -> None:
+        state.due = due
+        self._dirty.add(state.uid)
+
+    def _due(self, uid: str) -> float:
+        due = self._states[uid].due
+        assert due is not None, "a dirty pod has a due time"
+        return due
+
+    # -- post-mortem records ---------------------------------------------------
+
+    def set_record(self, state: PodState, record: PostMortem, *, limit: int) -> None:
+        """Keep ``record`` for the pod; beyond ``limit`` records the oldest goes."""
+        if state.record is None:
+            self._records += 1
+        state.record = dataclasses.replace(record, seq=next(self._seq))
+        if self._next_expiry is None or record.expires < self._next_expiry:
+            self._next_expiry = record.expires
+        while self._records > limit:
+            oldest = min(
+                (s for s in self._states.values() if s.record is not None),
+                key=lambda s: s.record.seq if s.record is not None else 0,
+            )
+            self._clear_record(oldest)
+
+    def expire_records(self, now: float) -> None:
+        """Drop the records whose time is up (a scan only when one is due)."""
+        if self._next_expiry is None or now < self._next_expiry:
+            return
+        self._next_expiry = None
+        for state in self._states.values():
+            if state.record is None:
+                continue
+            if state.record.expires <= now:
+                self._clear_record(state)
+            elif self._next_expiry is None or state.record.expires < self._next_expiry:
+                self._next_expiry = state.record.expires
+
+    @property
+    def records(self) -> int:
+        """How many post-mortem records are kept."""
+        return self._records
+
+    def _clear_record(self, state: PodState) -> None:
+        state.record = None
+        self._records -= 1
+
+    # -- counts ----------------------------------------------------------------
+
+    def mark_kubelet_owned(self, state: PodState) -> None:
+        """The kubelet writes this pod's device entries: we leave them alone from now on."""
+        if not state.kubelet_owned:
+            state.kubelet_owned = True
+            self._owned += 1
+
+    @property
+    def kubelet_owned(self) -> int:
+        """How many pods' device entries the kubelet writes."""
+        return self._owned

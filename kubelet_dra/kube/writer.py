@@ -1,0 +1,436 @@
+"""The pod status writer: coalesced, rate-limited, conflict-safe, never losing the last state.
+
+Part of ``kube``. Counterpart of the kubelet's status manager and
+``pkg/util/pod`` ``PatchPodStatus``, and no request when nothing changed.
+
+How a write is made (planned by ``kube.patchplan``, per-pod state in ``kube.podstate``):
+
+- a JSON patch of ``pods/<name>/status`` that sets only
+  ``allocatedResourcesStatus`` of each changed container status and our
+  condition, with ``test`` operations on what it assumes (the pod UID, the
+  container's name at its index, the entries it replaces, the condition's
+  type at its index). The kubelet sends the whole atomic ``containerStatuses``
+  list; we do not, so a kubelet changing other fields meanwhile is no
+  conflict. A failed test (422) or a 409 means someone else wrote first:
+  re-read, re-plan, send again. A re-read that finds another UID under the
+  name (the pod was deleted and created again) gives the old pod up.
+- Retries (tenacity, on the injected clock): 5xx, 429 (``Retry-After`` wins
+  over the backoff) and lost connections. A pod is given up only when it is
+  gone (404 or another UID); after the attempts run out it goes back into the
+  dirty set with a per-pod exponential backoff (1 to 30 s), so its last state
+  is written eventually without a retry storm. Jitter comes from an injected
+  ``random.Random``, like the health streams' backoff.
+
+Coalescing: ``mark_dirty`` puts pods in a set with the time each is due. The
+window is leading-edge per pod: a pod not written within the last ``window``
+is due at once; later changes wait until a window after its last write and
+coalesce meanwhile. Each round writes every due pod's *latest* desired status
+once, under a QPS/burst token bucket shared with every other request, so each
+pod gets at most one write per window whatever the storm.
+
+``--container-status``:
+
+- ``on`` always writes ``allocatedResourcesStatus``; ``off`` never does;
+- ``auto`` writes it unless the kubelet on this node writes it for that pod:
+  entries for our names with resource IDs we would not produce (CDI IDs), or
+  entries changed by someone else after our last write (a kubelet that
+  rewrites container statuses without them). Then we leave the field to the
+  kubelet for that pod and keep only the condition and events: no write war.
+
+If the API server drops the field (its ``ResourceHealthStatus`` gate is off)
+the response says so: we log it once, count it, post one Event on the node
+and stop writing the field. A dropped ``message`` (gate
+``ResourceHealthStatusMessage`` off) likewise stops us sending messages.
+
+Terminated pods (the kubelet forgets their devices, kubernetes #132978): when
+a pod turns Succeeded or Failed its claims and device health are frozen in a
+bounded, time-limited record, and its status is written from that record, so
+a failed batch pod shows the health its devices had when it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import functools
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kubelet_dra import claims, errors, models, podjson, podstatus, settings
+from kubelet_dra import clock as clock_mod
+from kubelet_dra.kube import api as kube_api
+from kubelet_dra.kube import calls, gates, patchplan, podstate
+from kubelet_dra.kube import events as kube_events
+from kubelet_dra.podjson import Obj
+
+logger = logging.getLogger(__name__)
+
+HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
+TERMINAL = frozenset({"Succeeded", "Failed"})
+RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
+MAX_CONFLICTS = 5
+TokenBucket = calls.TokenBucket  # kube.writer.TokenBucket, as before the split
+
+
+@dataclasses.dataclass
+class WriterStats:
+    """Plain counters for the metrics module to read at scrape time."""
+
+    results: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    latencies: collections.deque[float] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=4096)
+    )  # seconds per successful write, newest last
+    requests: int = 0
+    rounds: int = 0  # coalescing rounds run: the bound on writes per pod
+    gate_off: bool = False
+    message_gate_off: bool = False
+    gate_off_detected: int = 0
+    kubelet_owned_pods: int = 0
+    postmortem_records: int = 0
+    pending: int = 0
+
+
+class StatusWriter:
+    """Writes pods' desired device status; fed by ``mark_dirty`` and pod updates."""
+
+    def __init__(
+        self,
+        *,
+        api: kube_api.Api,
+        node_name: str,
+        index: claims.ClaimIndex,
+        health: HealthLookup,
+        config: settings.Settings,
+        clock: clock_mod.Clock,
+        limiter: TokenBucket | None = None,
+        events: kube_events.EventRecorder | None = None,
+        concurrency: int = 8,
+        max_attempts: int = 5,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.node = node_name
+        self.stats = WriterStats()
+        self.mode = config.container_status
+        self._api, self._index, self._health, self._clock = api, index, health, clock
+        self._cfg = config
+        self._events = events or kube_events.EventRecorder(
+            node=node_name, clock=clock, interval=config.event_interval
+        )
+        self._rng = rng or random.Random()
+        self._calls = calls.RetryingCaller(
+            limiter=limiter or TokenBucket(qps=config.api_qps, burst=config.api_burst, clock=clock),
+            clock=clock, counts=self.stats, max_attempts=max_attempts, rng=self._rng,
+        )  # fmt: skip
+        self._gates = gates.ServerGates(node=node_name, events=self._events)
+        self._sem = asyncio.Semaphore(concurrency)
+        self._pods = podstate.PodStates()
+        self._wake = asyncio.Event()
+
+    # -- inputs --------------------------------------------------------------
+
+    def mark_dirty(self, pod_uids: Iterable[str]) -> None:
+        """These pods' desired status may have changed; write them when due.
+
+        The window is leading-edge per pod: a pod not written within the last
+        window is due at once (a single change costs no wait), later changes
+        wait until a window after its last write and are coalesced meanwhile.
+        A pod the writer has not seen yet is marked when it arrives.
+        """
+        now = self._clock.now()
+        for uid in pod_uids:
+            self._pods.mark_dirty(uid, now, self._cfg.write_window)
+        self._refresh_stats()
+        if self._pods.pending:
+            self._wake.set()
+
+    def pod_updated(self, pod: Obj) -> None:
+        """A pod as the API shows it now (from the watch)."""
+        state = self._pods.get(podjson.uid(pod))
+        if state is not None and _rv(state.pod) > _rv(pod):
+            return  # our own write's answer is newer than this watch event
+        terminated = podjson.phase(pod) in TERMINAL and (
+            state is None or podjson.phase(state.pod) not in TERMINAL
+        )
+        state = self._pods.put(pod)
+        if terminated:
+            self._record_termination(state)
+        self.mark_dirty([state.uid])
+
+    def pod_deleted(self, uid: str) -> None:
+        """The pod is gone: forget all that was kept for it."""
+        self._pods.drop(uid)
+        self._refresh_stats()
+
+    def state(self, uid: str) -> podstate.PodState | None:
+        """What the writer keeps about a pod (read it, do not change it)."""
+        return self._pods.get(uid)
+
+    def has_record(self, uid: str) -> bool:
+        """Whether a terminated pod's post-mortem record is kept."""
+        state = self._pods.get(uid)
+        return state is not None and state.record is not None
+
+    @property
+    def events(self) -> kube_events.EventRecorder:
+        """The recorder of device-health Events (flushed by each round)."""
+        return self._events
+
+    # -- the loop ------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Write dirty pods forever: each round writes the pods that are due."""
+        while True:
+            events_due = self._events.next_due()
+            pods_due = self._pods.next_due()
+            if pods_due is None and events_due is None:
+                await self._wake.wait()
+            self._wake.clear()
+            # Folded event occurrences are sent once their interval passed,
+            # even when no pod is dirty by then.
+            due = [d for d in (pods_due, events_due) if d is not None]
+            delay = min(due, default=self._clock.now()) - self._clock.now()
+            if delay > 0:
+                # A pod marked meanwhile may be due earlier: wake for it too.
+                await self._sleep_or_wake(delay)
+                continue
+            await self.round()
+
+    async def round(self) -> None:
+        """One coalescing round: write every due pod once, flush events, expire records."""
+        self.stats.rounds += 1
+        due = self._pods.take_due(self._clock.now())
+        self._refresh_stats()
+        await asyncio.gather(*(self._guarded_sync(uid) for uid in due))
+        await self._events.flush(
+            functools.partial(self._calls.call, self._api.create_event),
+            functools.partial(self._calls.call, self._api.patch_event),
+        )
+        self._pods.expire_records(self._clock.now())
+        self._refresh_stats()
+
+    # -- one pod -------------------------------------------------------------
+
+    async def _guarded_sync(self, uid: str) -> None:
+        async with self._sem:
+            try:
+                await self._sync(uid)
+            except Exception:
+                logger.exception("Writing the device status of pod %s failed", uid)
+                self._requeue(uid, 1.0)
+
+    async def _sync(self, uid: str) -> None:
+        state = self._pods.get(uid)
+        if state is None or podjson.node_name(state.pod) != self.node:
+            return  # unknown, deleted, or not ours: never written
+        desired = self._desired(state)
+        for reason, kind, message in kube_events.health_transitions(
+            desired.devices, state.seen_health, state.known_health
+        ):
+            self._events.record(kube_events.pod_ref(state.pod), reason, message, kind=kind)
+        try:
+            await self._write(state, desired)
+        except errors.PodGone:
+            # 404 on the write, or the re-read found another pod under the name.
+            self.stats.results["gone"] += 1
+            self.pod_deleted(uid)
+
+    async def _write(self, state: podstate.PodState, desired: podstatus.Desired) -> None:
+        """Plan, send; after a conflict re-read and plan again, at most MAX_CONFLICTS times."""
+        pod = state.pod
+        for _ in range(MAX_CONFLICTS):
+            plan = self._plan(state, pod, desired)
+            if plan is None:
+                self.stats.results["unchanged"] += 1
+                return
+            try:
+                answer = await self._send(state, pod, list(plan.ops))
+            except kube_api.CallError as exc:
+                retry = await self._refused(state, pod, plan, exc)
+                if retry is None:
+                    return
+                pod = retry
+                if self._gates.sidecars_refused and claims.INIT_CONTAINERS in plan.fields:
+                    desired = self._desired(state)  # plan again without them
+                continue
+            self._accepted(state, plan, answer, desired)
+            return
+        self._requeue(state.uid, self._cfg.write_window)
+
+    async def _refused(
+        self, state: podstate.PodState, pod: Obj, plan: patchplan.Plan, exc: kube_api.CallError
+    ) -> Obj | None:
+        """The pod to plan again with after a refusal, or ``None`` when done with it.
+
+        Raises ``errors.PodGone`` when the re-read finds the pod gone or replaced.
+        """
+        if exc.status in (409, 422):
+            fresh = await self._reread(state, pod)
+            # A failed `test` (422) means the pod changed under us: a
+            # conflict. If every test still holds, the 422 is the server
+            # refusing the content: handled below.
+            if exc.status == 409 or not patchplan.assumptions_hold(fresh, plan.ops):
+                self.stats.results["conflict"] += 1
+                if podjson.node_name(fresh) != self.node:
+                    return None  # moved off this node meanwhile: not ours any more
+                return fresh
+        if self._gates.refused_sidecars(exc, plan):
+            return pod
+        self._failed(state, exc)
+        return None
+
+    def _desired(self, state: podstate.PodState) -> podstatus.Desired:
+        record = state.record
+        if record is not None:
+            health: HealthLookup = lambda k, _now: record.health.get(k, models.UNKNOWN_DEVICE)  # noqa: E731
+            lookup: claims.DeviceLookup = record.lookup
+            at = record.at
+        else:
+            health, lookup, at = self._health, self._index, self._clock.now()
+        return podstatus.desired_status(
+            state.pod, index=lookup, health_of=lambda key: health(key, at), now=at,
+            condition_type=self._cfg.pod_condition_type,
+            with_message=not self._gates.message_dropped,
+            sidecars=not self._gates.sidecars_refused,
+        )  # fmt: skip
+
+    def _plan(
+        self, state: podstate.PodState, pod: Obj, desired: podstatus.Desired
+    ) -> patchplan.Plan | None:
+        return patchplan.plan(
+            pod, desired, now=self._clock.now(),
+            container_status=self._container_status_on(state, pod, desired),
+            condition=bool(self._cfg.pod_condition_type),
+        )  # fmt: skip
+
+    async def _send(
+        self, state: podstate.PodState, pod: Obj, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        started = time.perf_counter()
+        state.last_write = self._clock.now()
+        answer = await self._calls.call(
+            self._api.json_patch_pod_status, podjson.namespace(pod), podjson.name(pod), ops
+        )
+        self.stats.latencies.append(time.perf_counter() - started)
+        return answer
+
+    async def _reread(self, state: podstate.PodState, pod: Obj) -> Obj:
+        fresh = await self._calls.call(self._api.get_pod, podjson.namespace(pod), podjson.name(pod))
+        if podjson.uid(fresh) != state.uid:
+            raise errors.PodGone(f"pod {podjson.name(pod)} was replaced", status=409)
+        state.pod = fresh
+        return fresh
+
+    def _accepted(
+        self,
+        state: podstate.PodState,
+        plan: patchplan.Plan,
+        answer: Obj,
+        desired: podstatus.Desired,
+    ) -> None:
+        self.stats.results["ok"] += 1
+        state.failures = 0
+        if podjson.uid(answer) == state.uid:
+            state.pod = answer
+        self._gates.check_answer(plan, answer)
+        if plan.containers:
+            state.written = podstate.Written(_rv(answer), _managed_entries(answer, desired))
+
+    def _failed(self, state: podstate.PodState, exc: kube_api.CallError) -> None:
+        self.stats.results["failed"] += 1
+        state.failures += 1
+        # One warning per streak of failures, not one per retry of a long outage.
+        logger.log(
+            logging.WARNING if state.failures == 1 else logging.DEBUG,
+            "Device status of pod %s/%s not written (attempt %d): %s",
+            podjson.namespace(state.pod), podjson.name(state.pod), state.failures, exc,
+        )  # fmt: skip
+        if kube_api.is_transient(exc):
+            # Still transient: never drop the last state, but back off per pod
+            # so an outage is no retry storm.
+            self._requeue(state.uid, podstate.failure_backoff(state.failures, self._rng))
+
+    def _requeue(self, uid: str, delay: float) -> None:
+        self._pods.requeue(uid, self._clock.now() + delay)
+        self._refresh_stats()
+        if self._pods.pending:
+            self._wake.set()
+
+    # -- modes ---------------------------------------------------------------
+
+    def _container_status_on(
+        self, state: podstate.PodState, pod: Obj, desired: podstatus.Desired
+    ) -> bool:
+        if self.mode is settings.ContainerStatusMode.OFF or self._gates.health_dropped:
+            return False
+        if self.mode is settings.ContainerStatusMode.ON:
+            return True
+        if not state.kubelet_owned and _kubelet_writes(state, pod, desired):
+            self._pods.mark_kubelet_owned(state)
+            logger.info(
+                "The kubelet writes device health for pod %s; leaving that field to it",
+                podjson.name(pod),
+            )
+        return not state.kubelet_owned
+
+    # -- terminated pods -----------------------------------------------------
+
+    def _record_termination(self, state: podstate.PodState) -> None:
+        now = self._clock.now()
+        lookup = self._index.snapshot(state.uid)
+        health = {k: self._health(k, now) for k in lookup.device_keys()}
+        record = podstate.PostMortem(lookup, health, now, now + self._cfg.terminated_pod_ttl)
+        self._pods.set_record(state, record, limit=self._cfg.terminated_pod_max)
+        self._refresh_stats()
+
+    # -- internals -----------------------------------------------------------
+
+    async def _sleep_or_wake(self, delay: float) -> None:
+        sleeper = asyncio.ensure_future(self._clock.sleep(delay))
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            woken.cancel()
+
+    def _refresh_stats(self) -> None:
+        self.stats.pending = self._pods.pending
+        self.stats.kubelet_owned_pods = self._pods.kubelet_owned
+        self.stats.postmortem_records = self._pods.records
+        self.stats.gate_off = self._gates.health_dropped
+        self.stats.message_gate_off = self._gates.message_dropped
+        self.stats.gate_off_detected = self._gates.detected
+
+
+def _kubelet_writes(state: podstate.PodState, pod: Obj, desired: podstatus.Desired) -> bool:
+    """Whether the kubelet writes this pod's device entries (``--container-status auto``)."""
+    last = state.written
+    if last is not None:
+        return _rv(pod) > last.rv and _managed_entries(pod, desired) != last.entries
+    status = podjson.status(pod)
+    for (field, container), managed in desired.containers.items():
+        for entry in podstatus.container_entries(status, field, container):
+            want = managed.get(entry.get("name", ""))
+            if entry.get("name") in managed and _ids(entry) != _ids(want):
+                return True
+    return False
+
+
+def _managed_entries(pod: Obj, desired: podstatus.Desired) -> tuple[Any, ...]:
+    """Normalized entries of the containers we manage, to compare across writes."""
+    status = podjson.status(pod)
+    return tuple(
+        (key, podstatus.normalized(podstatus.container_entries(status, *key)))
+        for key in sorted(desired.containers)
+    )
+
+
+def _ids(entry: Obj | None) -> set[str]:
+    return {str(r.get("resourceID")) for r in (entry or {}).get("resources") or ()}
+
+
+_rv = podjson.resource_version_number
