@@ -129,6 +129,7 @@ class StatusWriter:
         self._sem = asyncio.Semaphore(concurrency)
         self._pods = podstate.PodStates()
         self._wake = asyncio.Event()
+        self._flushing: asyncio.Task[None] | None = None
 
     # -- inputs --------------------------------------------------------------
 
@@ -182,9 +183,22 @@ class StatusWriter:
     # -- the loop ------------------------------------------------------------
 
     async def run(self) -> None:
-        """Write dirty pods forever: each round writes the pods that are due."""
+        """Write dirty pods forever: each round writes the pods that are due.
+
+        Events are flushed by a task of their own on spare tokens, so the next
+        round's status writes never wait behind an Event request.
+        """
+        try:
+            await self._run()
+        finally:
+            if self._flushing is not None:
+                self._flushing.cancel()
+                await asyncio.gather(self._flushing, return_exceptions=True)
+
+    async def _run(self) -> None:
         while True:
-            events_due = self._events.next_due()
+            flushing = self._flushing is not None and not self._flushing.done()
+            events_due = None if flushing else self._events.next_due()
             pods_due = self._pods.next_due()
             if pods_due is None and events_due is None:
                 await self._wake.wait()
@@ -197,20 +211,31 @@ class StatusWriter:
                 # A pod marked meanwhile may be due earlier: wake for it too.
                 await self._sleep_or_wake(delay)
                 continue
-            await self.round()
+            await self._write_due()
+            events_due = self._events.next_due()
+            if not flushing and events_due is not None and events_due <= self._clock.now():
+                self._flushing = asyncio.create_task(self._flush_events())
+                self._flushing.add_done_callback(lambda _task: self._wake.set())
 
     async def round(self) -> None:
         """One coalescing round: write every due pod once, flush events, expire records."""
+        await self._write_due()
+        await self._flush_events()
+
+    async def _write_due(self) -> None:
         self.stats.rounds += 1
         due = self._pods.take_due(self._clock.now())
         self._refresh_stats()
         await asyncio.gather(*(self._guarded_sync(uid) for uid in due))
-        await self._events.flush(
-            functools.partial(self._calls.call, self._api.create_event),
-            functools.partial(self._calls.call, self._api.patch_event),
-        )
         self._pods.expire_records(self._clock.now())
         self._refresh_stats()
+
+    async def _flush_events(self) -> None:
+        # Events take only tokens no status write is waiting for.
+        await self._events.flush(
+            functools.partial(self._calls.call, self._api.create_event, spare=True),
+            functools.partial(self._calls.call, self._api.patch_event, spare=True),
+        )
 
     # -- one pod -------------------------------------------------------------
 
