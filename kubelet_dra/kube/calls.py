@@ -42,6 +42,8 @@ class TokenBucket:
         self._lock = asyncio.Lock()
         self._spare_lock = asyncio.Lock()
         self._waiting = 0  # ordinary requests waiting for or holding the lock
+        self._idle = asyncio.Event()  # set while no ordinary request waits
+        self._idle.set()
 
     async def acquire(self, *, spare: bool = False) -> None:
         """Take one token, waiting (on the injected clock) until one is there.
@@ -52,6 +54,7 @@ class TokenBucket:
             await self._acquire_spare()
             return
         self._waiting += 1
+        self._idle.clear()
         try:
             async with self._lock:
                 self._refill()
@@ -61,18 +64,22 @@ class TokenBucket:
                 self._tokens -= 1
         finally:
             self._waiting -= 1
+            if not self._waiting:
+                self._idle.set()
 
     async def _acquire_spare(self) -> None:
         async with self._spare_lock:
             while True:
-                if not self._waiting and not self._lock.locked():
-                    self._refill()
-                    if self._tokens >= 1:
-                        self._tokens -= 1
-                        return
-                # Look again when a token will have come (or one interval later
-                # when ordinary requests are ahead and take the next ones).
-                await self._clock.sleep(max(1 - self._tokens, 1.0 / self.burst) / self.qps)
+                if self._waiting:
+                    await self._idle.wait()
+                    continue
+                self._refill()
+                if self._tokens >= 1:
+                    self._tokens -= 1
+                    return
+                # Look again when a token will have come; an ordinary request
+                # arriving meanwhile takes it first.
+                await self._clock.sleep((1 - self._tokens) / self.qps)
 
     def _refill(self) -> None:
         now = self._clock.now()
