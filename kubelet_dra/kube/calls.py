@@ -27,8 +27,10 @@ class TokenBucket:
 
     Ordinary requests (status writes, pod lists, claim reads) queue in FIFO
     order. ``acquire(spare=True)`` (Events) takes a token only when no ordinary
-    request is waiting: Events use what the status writes leave, so a burst of
-    Events never delays the status they describe (issue 15; the kubelet's
+    request is waiting and more than half the burst would be left: Events use
+    what the status writes leave, so Events never delay the status they
+    describe, and under a sustained stream of changes they wait until it
+    calms down (issue 15; the kubelet's
     client shares one bucket between both, which is what made our latency
     with ``write_window=0`` 17 times its floor when changes came faster than
     the QPS).
@@ -44,6 +46,7 @@ class TokenBucket:
         self._waiting = 0  # ordinary requests waiting for or holding the lock
         self._idle = asyncio.Event()  # set while no ordinary request waits
         self._idle.set()
+        self._reserve = burst // 2  # tokens Events leave for status writes
 
     async def acquire(self, *, spare: bool = False) -> None:
         """Take one token, waiting (on the injected clock) until one is there.
@@ -74,12 +77,12 @@ class TokenBucket:
                     await self._idle.wait()
                     continue
                 self._refill()
-                if self._tokens >= 1:
+                if self._tokens >= 1 + self._reserve:
                     self._tokens -= 1
                     return
-                # Look again when a token will have come; an ordinary request
-                # arriving meanwhile takes it first.
-                await self._clock.sleep((1 - self._tokens) / self.qps)
+                # Look again when enough tokens will have come; an ordinary
+                # request arriving meanwhile takes them first.
+                await self._clock.sleep((1 + self._reserve - self._tokens) / self.qps)
 
     def _refill(self) -> None:
         now = self._clock.now()

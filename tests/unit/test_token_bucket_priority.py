@@ -88,3 +88,24 @@ async def test_the_rate_holds_for_both_classes_together() -> None:
     # Burst 2, then at most one token per 0.1 s: k tokens need (k - 2) / 10 s.
     for k, at in enumerate(sorted(taken), start=1):
         assert at - start >= (k - 2) / 10 - 1e-9
+
+
+async def test_events_leave_half_the_burst_for_status_writes() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(qps=10, burst=10, clock=clock)
+    for _ in range(5):
+        await bucket.acquire(spare=True)  # 10 -> 5 tokens: down to the reserve
+    assert clock.sleep_calls == []
+    event = asyncio.create_task(bucket.acquire(spare=True))
+    await clock.wait_for_sleepers(1)  # a sixth would eat into the reserve
+    for _ in range(5):
+        await bucket.acquire()  # status writes take the reserve at once
+    assert not event.done()
+    clock.advance(0.45)  # 4.5 tokens: still not more than the reserve
+    await _settle()
+    assert not event.done()
+    clock.advance(0.3)  # 7.5 tokens: one is spare
+    for _ in range(5):
+        await _settle()
+        clock.advance(0.01)
+    await asyncio.wait_for(event, 1)
