@@ -82,6 +82,11 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "KUBELET_DRA_API_BURST",
         "API request burst of the status writer and events (default 100)",
     ),
+    "--write-concurrency": (
+        "write_concurrency",
+        "KUBELET_DRA_WRITE_CONCURRENCY",
+        "pod status writes in flight at once (default 8)",
+    ),
 }
 
 

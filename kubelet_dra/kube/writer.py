@@ -108,7 +108,7 @@ class StatusWriter:
         clock: clock_mod.Clock,
         limiter: TokenBucket | None = None,
         events: kube_events.EventRecorder | None = None,
-        concurrency: int = 8,
+        concurrency: int | None = None,
         max_attempts: int = 5,
         rng: random.Random | None = None,
     ) -> None:
@@ -126,7 +126,7 @@ class StatusWriter:
             clock=clock, counts=self.stats, max_attempts=max_attempts, rng=self._rng,
         )  # fmt: skip
         self._gates = gates.ServerGates(node=node_name, events=self._events)
-        self._sem = asyncio.Semaphore(concurrency)
+        self._sem = asyncio.Semaphore(concurrency or config.write_concurrency)
         self._pods = podstate.PodStates()
         self._wake = asyncio.Event()
         self._flushing: asyncio.Task[None] | None = None

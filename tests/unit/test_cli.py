@@ -63,6 +63,7 @@ CASES = [
     ),
     ("--api-qps", "20", "5.5", "api_qps", 20.0, 5.5),
     ("--api-burst", "40", "10", "api_burst", 40, 10),
+    ("--write-concurrency", "4", "2", "write_concurrency", 4, 2),
 ]
 IDS = [case[0] for case in CASES]
 DEFAULTS = {
@@ -76,6 +77,7 @@ DEFAULTS = {
     "metrics_address": "127.0.0.1:9464",
     "api_qps": 50.0,
     "api_burst": 100,
+    "write_concurrency": 8,
 }
 
 
