@@ -826,8 +826,15 @@ def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> Non
 MUTATING_INFLIGHT = 200
 WORKLOAD_LOW_SEATS = 245
 WORKLOAD_LOW_QUEUED = 128 * 50
-WRITER_CONCURRENCY = 8  # kube.writer.StatusWriter: pod writes in flight per node
-QPS, BURST = 50.0, 100  # settings.Settings api_qps, api_burst
+
+def _default(field: str) -> Any:
+    from kubelet_dra.settings import Settings
+
+    return Settings.model_fields[field].default
+
+
+WRITER_CONCURRENCY = int(_default("write_concurrency"))  # pod writes in flight per node
+QPS, BURST = float(_default("api_qps")), int(_default("api_burst"))
 
 
 def projection_rows(results: list[dict[str, Any]]) -> list[tuple[object, ...]]:
