@@ -153,8 +153,12 @@ class StatusWriter:
     def pod_updated(self, pod: Obj) -> None:
         """A pod as the API shows it now (from the watch)."""
         state = self._pods.get(podjson.uid(pod))
-        if state is not None and _rv(state.pod) > _rv(pod):
-            return  # our own write's answer is newer than this watch event
+        if state is not None:
+            known, seen = _rv(state.pod), _rv(pod)
+            if known > seen or (known and known == seen):
+                # Our own write's answer is newer than this watch event, or is this
+                # very version (the echo of our write): nothing to plan again.
+                return
         terminated = podjson.phase(pod) in TERMINAL and (
             state is None or podjson.phase(state.pod) not in TERMINAL
         )
