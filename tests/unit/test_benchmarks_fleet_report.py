@@ -77,3 +77,14 @@ def test_the_report_compares_with_the_kubelet_and_projects_to_thousands_of_nodes
     assert rows[1][5] == "yes"  # 250 nodes x 8 in flight > 200 mutating inflight
     assert rows[2][6] == "yes"  # 1,250 x 8 > 245 seats + 6,400 queued
     assert len(out.tables) == 4
+
+
+def test_event_requests_count_as_ours_whichever_phase_they_landed_in() -> None:
+    rack = 80
+    phases = [
+        phase("rack down", rack, {"PATCH pods/status": 100, "POST events": 20}, 0.5),
+        phase("kubelet rack down", rack, {"PATCH pods/status": 100, "GET pods": 100,
+                                          "PATCH events": 60}, 0.5),
+    ]  # fmt: skip
+    assert fleet._totals(phases, "rack")["requests"] == 100 + 20 + 60
+    assert fleet._totals(phases, "kubelet rack")["requests"] == 200
