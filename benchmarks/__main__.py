@@ -33,6 +33,7 @@ SCENARIOS = (
     "memory",
     "apiload",
     "deadline",
+    "kubectl",
 )
 #: Scenarios that run only when named with --only (they need Go-built binaries).
 EXTRA = ("fleet",)

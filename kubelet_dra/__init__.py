@@ -21,40 +21,91 @@ leading underscore (``kubelet_dra.podstatus``, ``kubelet_dra.plugins``, ...):
 they may change between releases; import from the two namespaces above. The
 command line (``kubelet-dra-health``, ``python -m kubelet_dra``) is public
 through its flags, environment variables and exit codes, not its modules.
+
+The re-exports are imported on first use (PEP 562), so a command that needs
+one module (the ``kubectl dra-health`` plugin) does not import gRPC, SQLite
+and the pipeline.
 """
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-from kubelet_dra.agentpods import PodHealthUpdate
-from kubelet_dra.claims import ClaimIndex, ClaimKey, Delta, PreparedDevice
-from kubelet_dra.clock import Clock, FakeClock, SystemClock
-from kubelet_dra.errors import (
-    ApiError,
-    ConfigError,
-    KubeletDraError,
-    PodGone,
-    RegistrationError,
-    ReportError,
-    StoreError,
-)
-from kubelet_dra.healthinfo import HealthCache, truncate_message
-from kubelet_dra.kube import NodePods, StatusWriter
-from kubelet_dra.manager import DRAHealthManager
-from kubelet_dra.models import DeviceHealth, DeviceKey, DeviceReport, HealthStatus
-from kubelet_dra.plugins import PluginManager
-from kubelet_dra.podstatus import Desired, DeviceState
-from kubelet_dra.podstatus import merge as merge_pod_status
-from kubelet_dra.registration import (
-    EventKind,
-    PluginEvent,
-    PluginInfo,
-    RegistryWatcher,
-    make_plugin_info,
-)
-from kubelet_dra.settings import ContainerStatusMode, Role, Settings
-from kubelet_dra.sidecar import Sidecar
-from kubelet_dra.store import HealthStore
-from kubelet_dra.syncrunner import SyncRunner
+if TYPE_CHECKING:
+    from kubelet_dra.agentpods import PodHealthUpdate
+    from kubelet_dra.claims import ClaimIndex, ClaimKey, Delta, PreparedDevice
+    from kubelet_dra.clock import Clock, FakeClock, SystemClock
+    from kubelet_dra.errors import (
+        ApiError,
+        ConfigError,
+        KubeletDraError,
+        PodGone,
+        RegistrationError,
+        ReportError,
+        StoreError,
+    )
+    from kubelet_dra.healthinfo import HealthCache, truncate_message
+    from kubelet_dra.kube import NodePods, StatusWriter
+    from kubelet_dra.manager import DRAHealthManager
+    from kubelet_dra.models import DeviceHealth, DeviceKey, DeviceReport, HealthStatus
+    from kubelet_dra.plugins import PluginManager
+    from kubelet_dra.podstatus import Desired, DeviceState
+    from kubelet_dra.podstatus import merge as merge_pod_status
+    from kubelet_dra.registration import (
+        EventKind,
+        PluginEvent,
+        PluginInfo,
+        RegistryWatcher,
+        make_plugin_info,
+    )
+    from kubelet_dra.settings import ContainerStatusMode, Role, Settings
+    from kubelet_dra.sidecar import Sidecar
+    from kubelet_dra.store import HealthStore
+    from kubelet_dra.syncrunner import SyncRunner
+
+# name -> (module, attribute): the re-exports, imported on first use.
+_LAZY: dict[str, tuple[str, str]] = {
+    "ApiError": ("kubelet_dra.errors", "ApiError"),
+    "ClaimIndex": ("kubelet_dra.claims", "ClaimIndex"),
+    "ClaimKey": ("kubelet_dra.claims", "ClaimKey"),
+    "Clock": ("kubelet_dra.clock", "Clock"),
+    "ConfigError": ("kubelet_dra.errors", "ConfigError"),
+    "ContainerStatusMode": ("kubelet_dra.settings", "ContainerStatusMode"),
+    "DRAHealthManager": ("kubelet_dra.manager", "DRAHealthManager"),
+    "Delta": ("kubelet_dra.claims", "Delta"),
+    "Desired": ("kubelet_dra.podstatus", "Desired"),
+    "DeviceHealth": ("kubelet_dra.models", "DeviceHealth"),
+    "DeviceKey": ("kubelet_dra.models", "DeviceKey"),
+    "DeviceReport": ("kubelet_dra.models", "DeviceReport"),
+    "DeviceState": ("kubelet_dra.podstatus", "DeviceState"),
+    "EventKind": ("kubelet_dra.registration", "EventKind"),
+    "FakeClock": ("kubelet_dra.clock", "FakeClock"),
+    "HealthCache": ("kubelet_dra.healthinfo", "HealthCache"),
+    "HealthStatus": ("kubelet_dra.models", "HealthStatus"),
+    "HealthStore": ("kubelet_dra.store", "HealthStore"),
+    "KubeletDraError": ("kubelet_dra.errors", "KubeletDraError"),
+    "NodePods": ("kubelet_dra.kube", "NodePods"),
+    "PluginEvent": ("kubelet_dra.registration", "PluginEvent"),
+    "PluginInfo": ("kubelet_dra.registration", "PluginInfo"),
+    "PluginManager": ("kubelet_dra.plugins", "PluginManager"),
+    "PodGone": ("kubelet_dra.errors", "PodGone"),
+    "PodHealthUpdate": ("kubelet_dra.agentpods", "PodHealthUpdate"),
+    "PreparedDevice": ("kubelet_dra.claims", "PreparedDevice"),
+    "RegistrationError": ("kubelet_dra.errors", "RegistrationError"),
+    "RegistryWatcher": ("kubelet_dra.registration", "RegistryWatcher"),
+    "ReportError": ("kubelet_dra.errors", "ReportError"),
+    "Role": ("kubelet_dra.settings", "Role"),
+    "Settings": ("kubelet_dra.settings", "Settings"),
+    "Sidecar": ("kubelet_dra.sidecar", "Sidecar"),
+    "StatusWriter": ("kubelet_dra.kube", "StatusWriter"),
+    "StoreError": ("kubelet_dra.errors", "StoreError"),
+    "SyncRunner": ("kubelet_dra.syncrunner", "SyncRunner"),
+    "SystemClock": ("kubelet_dra.clock", "SystemClock"),
+    "make_plugin_info": ("kubelet_dra.registration", "make_plugin_info"),
+    "merge_pod_status": ("kubelet_dra.podstatus", "merge"),
+    "truncate_message": ("kubelet_dra.healthinfo", "truncate_message"),
+}
 
 __all__ = [
     "ApiError",
@@ -111,8 +162,15 @@ _MOVED = {
 
 
 def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        module, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(module), attribute)
+        globals()[name] = value
+        return value
     if name in _MOVED:
-        import importlib
-
         return importlib.import_module(_MOVED[name])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -87,6 +87,38 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "KUBELET_DRA_WRITE_CONCURRENCY",
         "pod status writes in flight at once (default 8)",
     ),
+    # The taint bridge (docs/remediation.md).
+    "--taint-effect": (
+        "taint_effect",
+        "KUBELET_DRA_TAINT_EFFECT",
+        "DeviceTaintRule effect for unhealthy devices: off (default), None, NoSchedule, NoExecute",
+    ),
+    "--taint-after": (
+        "taint_after",
+        "KUBELET_DRA_TAINT_AFTER",
+        "seconds a device stays Unhealthy before it is tainted (default 10; 0 = at once)",
+    ),
+    "--taint-unknown-after": (
+        "taint_unknown_after",
+        "KUBELET_DRA_TAINT_UNKNOWN_AFTER",
+        "seconds a device stays Unknown before it is tainted (default: never)",
+    ),
+    "--untaint-after": (
+        "untaint_after",
+        "KUBELET_DRA_UNTAINT_AFTER",
+        "seconds a tainted device stays Healthy before its rule goes (default 60)",
+    ),
+    "--taint-key": (
+        "taint_key",
+        "KUBELET_DRA_TAINT_KEY",
+        "the taint's key (default kubelet-dra.io/unhealthy); its value is the health",
+    ),
+}
+
+#: Flags with a fixed set of values.
+_CHOICES: dict[str, list[str]] = {
+    "--container-status": [m.value for m in settings_mod.ContainerStatusMode],
+    "--taint-effect": [m.value for m in settings_mod.TaintEffect],
 }
 
 
@@ -125,8 +157,7 @@ def _add_logging_flags(parser: argparse.ArgumentParser, *, repeated: bool = Fals
 def _add_run_parser(commands: Any) -> None:
     run = commands.add_parser("run", help="run the sidecar next to DRA drivers")
     for flag, (_field, env, text) in RUN_FLAGS.items():
-        choices = [m.value for m in settings_mod.ContainerStatusMode] if "status" in flag else None
-        run.add_argument(flag, default=None, choices=choices, help=f"{text} [env {env}]")
+        run.add_argument(flag, default=None, choices=_CHOICES.get(flag), help=f"{text} [env {env}]")
     _add_logging_flags(run, repeated=True)
     run.set_defaults(handler=_cmd_run)
 

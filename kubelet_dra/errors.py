@@ -35,7 +35,15 @@ class ReportError(KubeletDraError):
 
 
 class RegistrationError(KubeletDraError):
-    """A plugin could not be registered (bad type, versions, socket)."""
+    """A plugin could not be registered (bad type, name, endpoint, versions, socket).
+
+    ``reason`` names a refusal for metrics (``driver_name``, ``endpoint``,
+    ``plugin_type``, ``supported_versions``); empty for other failures.
+    """
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class StoreError(KubeletDraError):

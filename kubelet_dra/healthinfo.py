@@ -10,35 +10,57 @@ Counterpart of the kubelet's ``pkg/kubelet/cm/dra/healthinfo.go``
 - an update returns the devices whose visible state (health, message, lease)
   changed; an identical report changes nothing.
 
+Like the kubelet v1.37.2 (and newer):
+
+- a driver holds at most :data:`MAX_DEVICES_PER_DRIVER` records; a report's
+  new devices beyond it are refused (counted in :attr:`HealthCache.refused`,
+  one log line per report), known devices are always updated;
+- a record the driver stopped reporting, whose lease ran out, is deleted at
+  the driver's next report that does not carry it (in memory and, through the
+  sink, on disk); a deleted device reads ``Unknown``.
+
 Where the kubelet has known bugs this cache does better:
 
 - expiry is eager: :meth:`HealthCache.next_deadline` and
   :meth:`HealthCache.expire` let the caller act at the deadline (kubelet
-  #140819 only notices on the next report or status rebuild);
+  #140819 only notices on the next report or status rebuild). The expired
+  record stays, ``Unknown``, until that next report deletes it silently:
+  the ``Unknown`` notification the kubelet sends with the deletion was sent
+  at the deadline instead;
 - records remember the endpoint that reported them, so the end of one
-  endpoint's stream turns only *its* devices ``Unknown`` (kubelet #140818
-  clears the whole driver) and the caller gets them back to notify pods
-  (the kubelet's ``clearDriver`` notifies nobody);
+  endpoint's stream deletes only *its* devices (kubelet #140818 clears the
+  whole driver) and the caller gets them back to notify pods (the kubelet's
+  ``clearDriver`` notifies nobody);
 - changes are computed against what a reader saw, so a report that revives an
   expired device is a change even if the stale record said the same thing.
 
-The module is pure: ``now`` is always an argument and persistence is a
-:class:`Sink` the caller provides (``store.HealthStore``).
+The module is pure apart from its log line: ``now`` is always an argument and
+persistence is a :class:`Sink` the caller provides (``store.HealthStore``).
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
+import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from kubelet_dra import models
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_HEALTH_TIMEOUT = 30.0
 """The kubelet's ``DefaultHealthTimeout``."""
 
 MESSAGE_MAX_BYTES = 1024
 """``v1.ResourceHealthMessageMaxLength``: the API limit, in bytes."""
+
+MAX_DEVICES_PER_DRIVER = 16_384
+"""The kubelet's ``maxDevicesPerDriver`` (v1.37.2+): records kept per driver."""
+
+CAP_REASON = "device_cap"
+"""The ``refused`` reason of a new device beyond :data:`MAX_DEVICES_PER_DRIVER`."""
 
 _ELLIPSIS = "..."
 
@@ -54,13 +76,16 @@ class Sink(Protocol):
         self, records: Iterable[tuple[models.DeviceKey, models.DeviceHealth]]
     ) -> None: ...
 
+    def stage_delete(self, keys: Iterable[models.DeviceKey]) -> None: ...
+
 
 def truncate_message(message: str) -> str:
     """Cut a message to the API's byte limit the way the kubelet does.
 
     The kubelet keeps the first 1021 bytes and appends ``...``; Go slices
-    bytes and may split a UTF-8 character, which the API server then rejects.
-    We drop the partial character instead.
+    bytes and may split a UTF-8 character (still so in v1.38.0-beta.0), which
+    the API server then rejects. We drop the partial character instead, a
+    deliberate difference: our message can be up to 3 bytes shorter.
     """
     raw = message.encode("utf-8")
     if len(raw) <= MESSAGE_MAX_BYTES:
@@ -87,6 +112,12 @@ class HealthCache:
         # whose deadline is in _scheduled; entries are settled lazily (_due).
         self._heap: list[tuple[float, models.DeviceKey]] = []
         self._scheduled: dict[models.DeviceKey, float] = {}
+        # Per driver, the records whose lease ran out (found by _due): the
+        # candidates for deletion at that driver's next report (kubelet
+        # v1.37.2 "phase 2"), so a report costs O(overdue), not O(devices).
+        self._overdue: dict[str, set[models.DeviceKey]] = {}
+        self.refused: collections.Counter[str] = collections.Counter()
+        """Driver -> new devices refused because the driver was at the cap."""
 
     # -- reading -----------------------------------------------------------
 
@@ -96,7 +127,7 @@ class HealthCache:
         if record is None:
             return models.UNKNOWN_DEVICE
         if record.expired(now) and (record.health, record.message) != _UNKNOWN_VIEW:
-            return _expired_copy(record, now)
+            return _expired_copy(record)
         return record
 
     def records(self) -> Iterator[tuple[models.DeviceKey, models.DeviceHealth]]:
@@ -127,23 +158,54 @@ class HealthCache:
     ) -> list[models.DeviceKey]:
         """Apply one report; return the devices whose visible state changed.
 
-        Devices missing from the report keep their record until their own
-        lease runs out (the reference's subset semantics); leases that ran out
-        by ``now`` are expired here too, as the kubelet does on every report.
+        The kubelet's ``updateHealthInfo`` (v1.37.2): leases that ran out by
+        ``now`` are expired first (what our deadline timer would have done);
+        then each reported device is stored, except a new one while the
+        driver holds :data:`MAX_DEVICES_PER_DRIVER` records (refused,
+        counted, one log line for the report); then this driver's records
+        whose lease ran out and that the report does not carry are deleted.
         Within one report a device named twice counts once, the last wins.
         """
+        changed = dict.fromkeys(self.expire(now))
+        devices = self._drivers.setdefault(driver, {})
+        refused = self._apply(driver, devices, reports, now, endpoint, changed=changed)
+        if refused:
+            self.refused[driver] += refused
+            logger.error(
+                "health report of driver %s names more devices than the %d kept per driver; "
+                "ignored %d new devices (known devices are still updated)",
+                driver, MAX_DEVICES_PER_DRIVER, refused,
+            )  # fmt: skip
+        self._delete_overdue(driver, devices, reports, now)
+        return list(changed)
+
+    def _apply(
+        self,
+        driver: str,
+        devices: dict[Key, models.DeviceHealth],
+        reports: Sequence[models.DeviceReport],
+        now: float,
+        endpoint: str,
+        *,
+        changed: dict[models.DeviceKey, None],
+    ) -> int:
+        """Store each reported device; return how many new ones the cap refused."""
         # The hot path of the pipeline (every device of every report): locals
         # and inlined checks, measured to matter at 10^5 devices a second.
-        devices = self._drivers.setdefault(driver, {})
-        changed: dict[models.DeviceKey, None] = {}
         staged: list[tuple[models.DeviceKey, models.DeviceHealth]] = []
         default, record_of, key_of = self.default_lease, models.DeviceHealth, models.DeviceKey
         scheduled, schedule = self._scheduled, self._schedule
+        refused = 0
         for pool, device, health, message, timeout, driver_time in reports:
+            old = devices.get((pool, device))
+            # The cap counts every record held, overdue ones included: the
+            # kubelet deletes those only after storing the report.
+            if old is None and len(devices) >= MAX_DEVICES_PER_DRIVER:
+                refused += 1
+                continue
             lease = float(timeout) if timeout > 0 else default
             new = record_of(health, message, lease, now, driver_time, endpoint)
             device_key = key_of(driver, pool, device)
-            old = devices.get((pool, device))
             devices[pool, device] = new
             # A renewal to a later deadline needs no heap entry now (see _schedule).
             if device_key not in scheduled or now + lease < scheduled[device_key]:
@@ -153,9 +215,30 @@ class HealthCache:
             staged.append((device_key, new))
         if self._sink is not None:
             self._sink.stage_many(staged)
-        for expired in self.expire(now):
-            changed[expired] = None
-        return list(changed)
+        return refused
+
+    def _delete_overdue(
+        self,
+        driver: str,
+        devices: dict[Key, models.DeviceHealth],
+        reports: Sequence[models.DeviceReport],
+        now: float,
+    ) -> None:
+        # Every overdue record was turned Unknown (and reported as changed) by
+        # expire() at its deadline, so deleting it notifies nobody.
+        overdue = self._overdue.pop(driver, None)
+        if not overdue:
+            return
+        reported = {(r.pool, r.device) for r in reports}
+        gone = []
+        for key in overdue:
+            record = devices.get(key[1:])
+            if key[1:] in reported or record is None or not record.expired(now):
+                continue  # renewed since: scheduled again
+            del devices[key[1:]]
+            gone.append(key)
+        if gone and self._sink is not None:
+            self._sink.stage_delete(gone)
 
     def _schedule(self, key: models.DeviceKey, deadline: float) -> None:
         # At most one heap entry per device: a renewal that moves the deadline
@@ -176,7 +259,7 @@ class HealthCache:
                 heapq.heappop(self._heap)  # superseded by an earlier entry
                 continue
             record = self._drivers.get(key.driver, {}).get(key[1:])
-            if record is None or (record.health, record.message) == _UNKNOWN_VIEW:
+            if record is None:
                 heapq.heappop(self._heap)
                 del self._scheduled[key]
                 continue
@@ -187,6 +270,12 @@ class HealthCache:
                     return deadline, key
                 heapq.heapreplace(self._heap, (record.deadline, key))
                 self._scheduled[key] = record.deadline
+                continue
+            if now is not None and (record.health, record.message) == _UNKNOWN_VIEW:
+                # Nothing to announce (already Unknown): only overdue now.
+                heapq.heappop(self._heap)
+                del self._scheduled[key]
+                self._overdue.setdefault(key.driver, set()).add(key)
                 continue
             return deadline, key
         return None
@@ -205,7 +294,8 @@ class HealthCache:
         """Turn every lease that ran out by ``now`` into ``Unknown``.
 
         Returns the devices that changed, so the caller can update their pods
-        at the deadline rather than lazily.
+        at the deadline rather than lazily. The records stay until their
+        driver's next report that does not carry them (see :meth:`update`).
         """
         changed: list[models.DeviceKey] = []
         while (top := self._due(now)) is not None:
@@ -213,28 +303,30 @@ class HealthCache:
             heapq.heappop(self._heap)
             del self._scheduled[key]
             record = self._drivers[key.driver][key[1:]]
-            self._set(key.driver, key.pool, key.device, _expired_copy(record, now))
+            self._set(key.driver, key.pool, key.device, _expired_copy(record))
+            self._overdue.setdefault(key.driver, set()).add(key)
             changed.append(key)
         return changed
 
     def end_endpoint(self, driver: str, endpoint: str, now: float) -> list[models.DeviceKey]:
-        """A stream ended: its devices turn ``Unknown`` unless another endpoint owns them.
+        """A stream ended: delete its devices (they read ``Unknown``).
 
         Devices last reported by a different endpoint of the same driver (the
-        new pod of a rolling upgrade) keep their health.
+        new pod of a rolling upgrade) keep their health. Returns the deleted
+        devices that were not ``Unknown`` already, to notify their pods.
         """
-        return self._unknown_where(driver, now, lambda r: r.endpoint == endpoint)
+        return self._delete_where(driver, lambda r: r.endpoint == endpoint)
 
     def clear_driver(self, driver: str, now: float) -> list[models.DeviceKey]:
-        """Every device of ``driver`` turns ``Unknown`` (the kubelet's clearDriver)."""
-        return self._unknown_where(driver, now, lambda r: True)
+        """Delete every device of ``driver`` (the kubelet's clearDriver)."""
+        return self._delete_where(driver, lambda r: True)
 
     def load(self, records: Iterable[tuple[models.DeviceKey, models.DeviceHealth]]) -> None:
         """Restore records read back from the store (no sink writes)."""
         for key, record in records:
             self._drivers.setdefault(key.driver, {})[(key.pool, key.device)] = record
-            if (record.health, record.message) != _UNKNOWN_VIEW:
-                self._schedule(key, record.deadline)
+            # Unknown records too: once their lease ran out they are overdue.
+            self._schedule(key, record.deadline)
 
     def attach(self, sink: Sink) -> None:
         """Persist every later change to ``sink`` (a store opened after the cache was built).
@@ -250,13 +342,26 @@ class HealthCache:
 
     # -- internals ---------------------------------------------------------
 
-    def _unknown_where(self, driver: str, now: float, owned: _Predicate) -> list[models.DeviceKey]:
+    def _delete_where(self, driver: str, owned: _Predicate) -> list[models.DeviceKey]:
+        # Like the kubelet's clearDriver the records go (so they no longer
+        # count towards the cap, and a device reported again is new). A record
+        # that expired but was not expired yet (stored view not Unknown) is
+        # announced too: its heap entry dies with it.
+        devices = self._drivers.get(driver, {})
         changed: list[models.DeviceKey] = []
-        for (pool, device), record in list(self._drivers.get(driver, {}).items()):
-            if not owned(record) or record.visible(now) == _UNKNOWN_VIEW:
+        gone: list[models.DeviceKey] = []
+        for (pool, device), record in list(devices.items()):
+            if not owned(record):
                 continue
-            self._set(driver, pool, device, _expired_copy(record, now))
-            changed.append(models.DeviceKey(driver, pool, device))
+            key = models.DeviceKey(driver, pool, device)
+            del devices[pool, device]
+            gone.append(key)
+            if (record.health, record.message) != _UNKNOWN_VIEW:
+                changed.append(key)
+        if not devices:
+            self._drivers.pop(driver, None)
+        if gone and self._sink is not None:
+            self._sink.stage_delete(gone)
         return changed
 
     def _set(self, driver: str, pool: str, device: str, record: models.DeviceHealth) -> None:
@@ -279,14 +384,16 @@ def _visible(record: models.DeviceHealth, now: float) -> tuple[models.HealthStat
     return record.health, record.message
 
 
-def _expired_copy(record: models.DeviceHealth, now: float) -> models.DeviceHealth:
-    # Like the kubelet: Unknown, message cleared, LastUpdated = now. The
-    # endpoint is kept so a later end of that stream is a no-op.
+def _expired_copy(record: models.DeviceHealth) -> models.DeviceHealth:
+    # Unknown, message cleared. Unlike the kubelet (LastUpdated = now, but it
+    # deletes the entry right after) the receive time is kept: the lease
+    # stays run out, so the driver's next report without the device deletes
+    # it, as the kubelet's would; and ``cache show`` gives the real age.
     return models.DeviceHealth(
         health=models.HealthStatus.UNKNOWN,
         message="",
         lease=record.lease,
-        last_report=now,
+        last_report=record.last_report,
         driver_time=record.driver_time,
         endpoint=record.endpoint,
     )

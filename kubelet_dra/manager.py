@@ -48,6 +48,7 @@ from kubelet_dra import (
     podstatus,
     registration,
     store,
+    taintbridge,
 )
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
@@ -110,6 +111,8 @@ class DRAHealthManager:
         self.watcher: registration.RegistryWatcher | None = None
         self.writer: kube.StatusWriter | None = None
         self.pods: kube.NodePods | None = None
+        self.taints: taintbridge.TaintBridge | None = None
+        """The taint bridge, when ``settings.taint_effect`` is not ``off`` (API mode only)."""
         self.store_errors = 0
         self._expired_at_start = 0
         self.store_commit_latency: Callable[[float], None] = lambda seconds: None
@@ -253,6 +256,10 @@ class DRAHealthManager:
         node = self.settings.node_name
         if not node:
             raise errors.ConfigError("node name is required to watch the node's pods")
+        # One QPS/burst budget for every write: pod status first, taint rules after.
+        budget = taintbridge.SharedBudget(
+            qps=self.settings.api_qps, burst=self.settings.api_burst, clock=self.clock
+        )
         self.writer = kube.StatusWriter(
             api=api,
             node_name=node,
@@ -260,12 +267,29 @@ class DRAHealthManager:
             health=self.cache.get,
             config=self.settings,
             clock=self.clock,
+            limiter=budget,
         )
         self.pods = kube.NodePods(
             api=api, node_name=node, index=self.index, writer=self.writer, clock=self.clock
         )
         self._spawn(self._after_priming(self.writer.run()), "status-writer")
         self._spawn(self.pods.run(), "node-pods")
+        self._start_taints(client, budget)
+
+    def _start_taints(self, client: Any, budget: taintbridge.SharedBudget) -> None:
+        """The taint bridge (docs/remediation.md), if an effect is configured."""
+        if self.settings.taint_effect is settings_mod.TaintEffect.OFF:
+            return
+        self.taints = taintbridge.TaintBridge(
+            client=client,
+            node=self.settings.node_name,
+            settings=self.settings,
+            clock=self.clock,
+            health=self.cache.get,
+            devices=lambda: [key for key, _ in self.cache.records()],
+            budget=budget,
+        )
+        self._spawn(self._after_priming(self.taints.run()), "taint-bridge")
 
     async def _drain_writer(self, *, timeout: float) -> None:
         if self.writer is None or not self.writer.stats.pending:
@@ -287,6 +311,8 @@ class DRAHealthManager:
         )
         if self.writer is not None:
             self.writer.mark_dirty(pods)
+        if self.taints is not None:
+            self.taints.observe(changed)
         if self._on_status is not None and pods:
             self.agent.mark_dirty(pods)
 
@@ -332,7 +358,11 @@ class DRAHealthManager:
             last_report={
                 d: s.last_report for d, s in self.plugins.drivers.items() if s.last_report
             },
-            refused=dict(self.plugins.refused),
+            refused={
+                **self.plugins.refused,
+                **{(d, healthinfo.CAP_REASON): n for d, n in self.cache.refused.items()},
+            },
+            registrations_refused=dict(self.watcher.refused) if self.watcher else {},
             devices=dict(devices),
             lease_expiries=self.plugins.lease_expiries + self._expired_at_start,
             pod_writes={**dict.fromkeys(POD_WRITE_RESULTS, 0), **(stats.results if stats else {})},
@@ -342,6 +372,7 @@ class DRAHealthManager:
             store_errors=self.store_errors,
             api_field_dropped=bool(stats and stats.gate_off),
             now=now,
+            taints=self.taints.metric_state() if self.taints is not None else None,
         )
 
     def _drain_write_latencies(self) -> None:
@@ -369,6 +400,8 @@ class DRAHealthManager:
         elif self._on_status is None:
             # API mode before the watches start: not ready, however the store is.
             checks["pods"] = checks["claims"] = "not started"
+        if self.taints is not None:
+            checks["taints"] = self.taints.readiness()
         return checks
 
 

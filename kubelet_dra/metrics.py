@@ -59,6 +59,7 @@ class State:
     device_updates: Mapping[str, int] = dataclasses.field(default_factory=dict)
     last_report: Mapping[str, float] = dataclasses.field(default_factory=dict)
     refused: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    registrations_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
     devices: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     lease_expiries: int = 0
     pod_writes: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -68,6 +69,16 @@ class State:
     store_errors: int = 0
     api_field_dropped: bool = False
     now: float = 0.0
+    taints: TaintState | None = None  # None: the taint bridge is off by configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class TaintState:
+    """The taint bridge's part (``taintbridge.TaintBridge.metric_state``)."""
+
+    state: str  # starting, active or off
+    rules: Mapping[str, int]  # effect -> this node's rules
+    writes: Mapping[tuple[str, str], int]  # (create|update|delete, ok|failed) -> count
 
 
 class Metrics:
@@ -106,6 +117,8 @@ class _Collector(registry.Collector):
         yield from _device_metrics(state)
         yield from _writer_metrics(state)
         yield from _store_metrics(state)
+        if state.taints is not None:
+            yield from _taint_metrics(state.taints)
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> core.GaugeMetricFamily:
@@ -149,7 +162,15 @@ def _driver_metrics(state: State) -> Iterator[core.Metric]:
     )
     for (driver, reason), count in state.refused.items():
         refused.add_metric([driver, reason], count)
-    yield from (reports, updates, age, refused)
+    # No driver label: a refused name may be anything (up to any length).
+    registrations = _counter(
+        "registrations_refused",
+        "Plugin registrations refused by validation, by reason.",
+        ["reason"],
+    )
+    for reason, count in state.registrations_refused.items():
+        registrations.add_metric([reason], count)
+    yield from (reports, updates, age, refused, registrations)
 
 
 def _device_metrics(state: State) -> Iterator[core.Metric]:
@@ -189,6 +210,26 @@ def _store_metrics(state: State) -> Iterator[core.Metric]:
     failures = _counter("store_errors", "Failed commits of the state file.", [])
     failures.add_metric([], state.store_errors)
     yield from (degraded, pending, failures)
+
+
+TAINT_STATES = ("starting", "active", "off")
+
+
+def _taint_metrics(taints: TaintState) -> Iterator[core.Metric]:
+    bridge = _gauge(
+        "taint_bridge", "1 for the taint bridge's state (off: see /readyz for why).", ["state"]
+    )
+    for candidate in TAINT_STATES:
+        bridge.add_metric([candidate], 1.0 if candidate == taints.state else 0.0)
+    rules = _gauge("taint_rules", "This node's DeviceTaintRules by effect.", ["effect"])
+    for effect, count in sorted(taints.rules.items()):
+        rules.add_metric([effect], count)
+    writes = _counter(
+        "taint_rule_writes", "DeviceTaintRule writes by operation and result.", ["op", "result"]
+    )
+    for (op, result), count in sorted(taints.writes.items()):
+        writes.add_metric([op, result], count)
+    yield from (bridge, rules, writes)
 
 
 # -- the HTTP server -----------------------------------------------------------

@@ -14,7 +14,14 @@ are), each claim entry becomes one ``ResourceStatus``:
   ``Unknown``; ``message`` only when non-empty; duplicates by ``resourceID``
   dropped;
 - an entry left with no resources is removed; entries of unresolved claims
-  and entries we do not produce (device plugins) are kept untouched.
+  and entries we do not produce (device plugins) are kept untouched;
+- the list is sorted as the kubelet v1.38 sorts it: each entry's
+  ``resources`` by ``resourceID``, the entries by ``name``, byte order of the
+  UTF-8 text (Go's ``cmp.Compare`` on strings). Older kubelets keep insertion
+  order, which the API does not define (both lists are ``listType=map``), so
+  the sorted order is right beside them too. Every container status we
+  manage is sorted whole, device-plugin entries included, as the kubelet
+  does; an order-only difference is no reason to write (see :func:`merge`).
 
 Restartable init containers (sidecars) get the same treatment in
 ``initContainerStatuses``, which the kubelet misses (kubernetes #139940).
@@ -226,12 +233,18 @@ def update_allocated_resources_status(
     with_message: bool = True,
     sidecars: bool = True,
 ) -> dict[str, Any]:
-    """The kubelet's ``UpdateAllocatedResourcesStatus`` on plain dicts (no condition)."""
+    """The kubelet's ``UpdateAllocatedResourcesStatus`` on plain dicts (no condition).
+
+    As in kubelet v1.38, the entries of every container status it manages
+    come out sorted even when nothing else changed.
+    """
     desired = desired_status(
         pod, index=index, health_of=health_of, now=now, with_message=with_message,
         sidecars=sidecars,
     )  # fmt: skip
     new, _ = merge(status, desired, now=now, condition=False)
+    for field, name in desired.containers:
+        _sort_container(new, field, name)
     return new
 
 
@@ -252,7 +265,9 @@ def merged_entries(
     merged = [copy.deepcopy(managed.get(e.get("name", "")) or e) for e in kept]
     present = {e.get("name") for e in merged}
     merged += [copy.deepcopy(e) for n, e in managed.items() if e and n not in present]
-    return None if normalized(merged) == normalized(before) else merged
+    # Only content counts as a change (an API list of listType=map has no
+    # order); what we send is in the kubelet v1.38 order.
+    return None if normalized(merged) == normalized(before) else sort_entries(merged)
 
 
 def merged_condition(
@@ -269,6 +284,24 @@ def merged_condition(
     moved = current.get("status") != wanted["status"] or not current.get("lastTransitionTime")
     stamp = rfc3339(now) if moved else current["lastTransitionTime"]
     return {**current, **wanted, "lastTransitionTime": stamp}
+
+
+def sort_entries(entries: Iterable[Obj]) -> list[dict[str, Any]]:
+    """Kubelet v1.38 order: resources by ``resourceID``, entries by ``name``.
+
+    Byte order of the UTF-8 text, as Go compares strings. Returns new dicts;
+    the input is not modified.
+    """
+    out = []
+    for entry in entries:
+        copied = dict(entry)
+        if isinstance(copied.get("resources"), list):
+            copied["resources"] = sorted(
+                copied["resources"], key=lambda r: _order_key(r.get("resourceID"))
+            )
+        out.append(copied)
+    out.sort(key=lambda e: _order_key(e.get("name")))
+    return out
 
 
 def container_entries(status: Obj | None, field: str, container: str) -> list[dict[str, Any]]:
@@ -362,6 +395,26 @@ def _merge_containers(
             status[field] = statuses
             changed = True
     return changed
+
+
+def _sort_container(status: dict[str, Any], field: str, name: str) -> None:
+    # Copy on write: the container status list and the one status are new.
+    for i, cs in enumerate(status.get(field) or ()):
+        entries = cs.get("allocatedResourcesStatus")
+        if cs.get("name") != name or not entries:
+            continue
+        ordered = sort_entries(entries)
+        if ordered != entries:
+            statuses = list(status[field])
+            statuses[i] = {**cs, "allocatedResourcesStatus": ordered}
+            status[field] = statuses
+
+
+def _order_key(text: object) -> bytes:
+    # Go's cmp.Compare on strings: byte order of UTF-8. For valid text this
+    # is code point order too; encoding states it and copes with a lone
+    # surrogate (JSON can carry one) without raising.
+    return str(text if text is not None else "").encode("utf-8", "surrogatepass")
 
 
 def _merge_condition(status: dict[str, Any], wanted: Mapping[str, Any], now: float) -> bool:

@@ -16,6 +16,13 @@ Events are delivered to an async callback, ``on_event(PluginEvent)``, one at a
 time and in order (a deregistration always precedes the re-registration of the
 same path). ``plugins.PluginManager.handle`` is that callback.
 
+Validation follows kubelet v1.38 (``dra_plugin_manager.go``): the driver
+name must pass ``ValidateCSIDriverName`` and the endpoint must be an
+absolute, plain path shorter than 108 bytes (see :func:`validate_driver_name`
+and :func:`validate_endpoint`). A refused registration is an error to the
+plugin (as owner, through ``NotifyRegistrationStatus``), logged once per
+socket and counted in :attr:`RegistryWatcher.refused`.
+
 Roles: an **observer** (the sidecar) only calls ``GetInfo`` and never
 ``NotifyRegistrationStatus``, so it cannot disturb the real kubelet's
 registration; an **owner** acts as the kubelet and notifies the plugin.
@@ -24,6 +31,7 @@ registration; an **owner** acts as the kubelet and notifies the plugin.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import enum
@@ -31,6 +39,7 @@ import logging
 import os
 import pathlib
 import random
+import re
 import stat
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
@@ -52,6 +61,18 @@ HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 NOTIFY_TIMEOUT = 5.0
 """The kubelet's timeout for ``NotifyRegistrationStatus``."""
 _MAX_DEPTH = 8  # the registry is shallow; a bound keeps a pathological tree cheap
+DRIVER_NAME_MAX_BYTES = 63
+"""``ValidateCSIDriverName``'s limit."""
+UNIX_PATH_MAX = 108
+"""``sun_path`` on Linux: an endpoint must be shorter (kubelet ``unixPathMax``)."""
+_DNS1123_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
+_DNS1123_SUBDOMAIN_MAX = 253
+# Go's strings.ToLower maps rune by rune (simple case mapping); only these two
+# non-ASCII runes become ASCII, every other non-ASCII rune stays non-ASCII
+# (so fails the subdomain pattern whatever it maps to). Python's str.lower()
+# differs for U+0130 ("i" plus a combining dot).
+_GO_LOWER_TO_ASCII = {"\u0130": "i", "\u212a": "k"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,6 +111,153 @@ def pick_health_service(versions: Iterable[str] | None) -> str | None:
     return next((s for s in HEALTH_SERVICES if s in offered), None)
 
 
+def validate_driver_name(driver: str) -> None:
+    """Kubelet v1.38's ``validateDriverName`` (``ValidateCSIDriverName``).
+
+    Non-empty, at most 63 bytes, and a DNS-1123 subdomain once lower-cased
+    (so ``GPU.Example.com`` is accepted, ``gpu_example`` is not).
+    """
+    if not driver:
+        raise errors.RegistrationError("invalid DRA driver name: empty", reason="driver_name")
+    if len(driver.encode("utf-8", "surrogatepass")) > DRIVER_NAME_MAX_BYTES:
+        raise errors.RegistrationError(
+            f"invalid DRA driver name {_printable(driver)!r}: "
+            f"longer than {DRIVER_NAME_MAX_BYTES} bytes",
+            reason="driver_name",
+        )
+    lowered = _go_lower(driver)
+    if len(lowered) > _DNS1123_SUBDOMAIN_MAX or not _DNS1123_SUBDOMAIN.fullmatch(lowered):
+        raise errors.RegistrationError(
+            f"invalid DRA driver name {_printable(driver)!r}: a lowercase RFC 1123 subdomain "
+            "must consist of lower case alphanumeric characters, '-' or '.', and must start "
+            "and end with an alphanumeric character (checked after lower-casing)",
+            reason="driver_name",
+        )
+
+
+def _go_lower(text: str) -> str:
+    return "".join(_GO_LOWER_TO_ASCII.get(c) or (c.lower() if c.isascii() else c) for c in text)
+
+
+def validate_endpoint(endpoint: str) -> None:
+    """Kubelet v1.38's ``validateEndpoint``: an absolute, plain path under 108 bytes.
+
+    "Plain" is decided as the kubelet decides it, by Go's ``url.Parse`` of
+    ``unix:<endpoint>`` (:func:`_go_url_parse`): no host, query or fragment,
+    and the parsed path equal to the endpoint. So a ``%`` escape (``%2e%2e``
+    would be dialled as ``..``), ``?``, ``#``, a leading ``//`` and control
+    characters are refused.
+    """
+    if not endpoint:
+        raise errors.RegistrationError("empty DRA plugin endpoint", reason="endpoint")
+    shown = _printable(endpoint)
+    if not endpoint.startswith("/"):  # filepath.IsAbs on Linux
+        raise errors.RegistrationError(
+            f"DRA plugin endpoint {shown!r} must be an absolute path", reason="endpoint"
+        )
+    raw = endpoint.encode("utf-8", "surrogatepass")
+    if len(raw) >= UNIX_PATH_MAX:
+        raise errors.RegistrationError(
+            f"DRA plugin endpoint {shown!r} must not be longer than {UNIX_PATH_MAX} bytes",
+            reason="endpoint",
+        )
+    parsed = _go_url_parse(b"unix:" + raw)
+    plain = parsed is not None and not (parsed.host or parsed.raw_query or parsed.fragment)
+    if not plain or (parsed is not None and (parsed.path or parsed.opaque) != raw):
+        raise errors.RegistrationError(
+            f"DRA plugin endpoint {shown!r} must be a plain path", reason="endpoint"
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _GoURL:
+    host: bytes
+    raw_query: bytes
+    fragment: bytes
+    path: bytes
+    opaque: bytes
+
+
+def _go_url_parse(raw: bytes) -> _GoURL | None:
+    """Go's ``net/url.Parse`` (Go 1.26/1.27), reduced to the fields the endpoint check reads.
+
+    ``None`` where Go returns an error. Works on bytes, as Go does, so a
+    ``%ff`` decodes to a byte that is not UTF-8 and simply compares unequal.
+    The one simplification: the authority of ``//host/...`` is split off but
+    not validated as Go's ``parseHost`` would. It does not change the
+    verdict: with an authority, Go either fails, or finds a host, or leaves a
+    path shorter than the input, and each of those refuses the endpoint.
+    """
+    head, _, frag = raw.partition(b"#")
+    url = _go_parse(head)
+    if url is None or not frag:
+        return url
+    fragment = _go_unescape(frag)
+    if fragment is None:
+        return None
+    return dataclasses.replace(url, fragment=fragment)
+
+
+def _go_parse(raw: bytes) -> _GoURL | None:
+    if any(b < 0x20 or b == 0x7F for b in raw):
+        return None  # "net/url: invalid control character in URL"
+    scheme, rest = _go_scheme(raw)
+    if rest is None:
+        return None  # "missing protocol scheme"
+    if rest.endswith(b"?") and rest.count(b"?") == 1:
+        rest, query = rest[:-1], b""  # ForceQuery, RawQuery stays empty
+    else:
+        rest, _, query = rest.partition(b"?")
+    if not rest.startswith(b"/"):
+        if scheme:
+            return _GoURL(b"", query, b"", b"", rest)  # rootless: opaque
+        if b":" in rest.partition(b"/")[0]:
+            return None  # "first path segment in URL cannot contain colon"
+    host = b""
+    if (scheme or not rest.startswith(b"///")) and rest.startswith(b"//"):
+        authority, slash, tail = rest[2:].partition(b"/")
+        rest = slash + tail
+        host = authority.rpartition(b"@")[2]
+    path = _go_unescape(rest)
+    if path is None:
+        return None
+    return _GoURL(host, query, b"", path, b"")
+
+
+def _go_scheme(raw: bytes) -> tuple[bytes, bytes | None]:
+    # Go's getScheme: letters, then letters, digits, "+", "-" or "."; a ":"
+    # ends it (at position 0 it is an error); anything else means no scheme.
+    for i, b in enumerate(raw):
+        if chr(b).isascii() and chr(b).isalpha():
+            continue
+        if chr(b) in "0123456789+-.":
+            if i == 0:
+                return b"", raw
+            continue
+        if b == ord(":"):
+            return (b"", None) if i == 0 else (raw[:i].lower(), raw[i + 1 :])
+        return b"", raw
+    return b"", raw
+
+
+def _go_unescape(text: bytes) -> bytes | None:
+    # Go's unescape for paths and fragments: every "%" must start a valid
+    # "%XX" (else an error); "+" stays "+".
+    out = bytearray()
+    i = 0
+    while i < len(text):
+        if text[i] == ord("%"):
+            pair = text[i + 1 : i + 3]
+            if len(pair) < 2 or not all(chr(c) in "0123456789abcdefABCDEF" for c in pair):
+                return None
+            out.append(int(pair, 16))
+            i += 3
+        else:
+            out.append(text[i])
+            i += 1
+    return bytes(out)
+
+
 def validate_supported_services(versions: Sequence[str]) -> str:
     """The DRA service the kubelet would use: the plugin's first supported entry.
 
@@ -98,26 +266,33 @@ def validate_supported_services(versions: Sequence[str]) -> str:
     """
     if not versions:
         raise errors.RegistrationError(
-            "empty list of supported gRPC services (aka supported versions)"
+            "empty list of supported gRPC services (aka supported versions)",
+            reason="supported_versions",
         )
     for service in versions:
         if service in DRA_SERVICES:
             return service
     raise errors.RegistrationError(
-        f"none of the supported gRPC services {list(versions)} is one of {list(DRA_SERVICES)}"
+        f"none of the supported gRPC services {list(versions)} is one of {list(DRA_SERVICES)}",
+        reason="supported_versions",
     )
 
 
 def make_plugin_info(
     driver: str, endpoint: str, versions: Sequence[str], *, socket: str = ""
 ) -> PluginInfo:
-    """Validate a registration (from GetInfo or static configuration)."""
-    if not driver:
-        raise errors.RegistrationError("empty driver name")
+    """Validate a registration (from GetInfo or static configuration).
+
+    In the kubelet's order: name, endpoint (an empty one means the
+    registration socket, as the plugin watcher fills it in), services.
+    """
+    validate_driver_name(driver)
+    endpoint = endpoint or socket
+    validate_endpoint(endpoint)
     dra_service = validate_supported_services(versions)
     return PluginInfo(
         driver=driver,
-        endpoint=endpoint or socket,
+        endpoint=endpoint,
         socket=socket,
         supported_versions=tuple(versions),
         dra_service=dra_service,
@@ -128,7 +303,9 @@ def make_plugin_info(
 def plugin_info_from_proto(info: reg_pb2.PluginInfo, socket: str) -> PluginInfo:
     """Validate a ``GetInfo`` answer; an empty endpoint means the socket itself."""
     if info.type != DRA_PLUGIN_TYPE:
-        raise errors.RegistrationError(f"plugin type {info.type!r} is not {DRA_PLUGIN_TYPE!r}")
+        raise errors.RegistrationError(
+            f"plugin type {info.type!r} is not {DRA_PLUGIN_TYPE!r}", reason="plugin_type"
+        )
     return make_plugin_info(info.name, info.endpoint, list(info.supported_versions), socket=socket)
 
 
@@ -216,6 +393,9 @@ class RegistryWatcher:
         self._task: asyncio.Task[None] | None = None
         self.failures: dict[str, str] = {}
         """Path -> last reason a socket could not be registered (for tools and metrics)."""
+        self.refused: collections.Counter[str] = collections.Counter()
+        """Reason -> registrations refused by validation (``driver_name``,
+        ``endpoint``, ``plugin_type``, ``supported_versions``), once per socket."""
 
     @property
     def registered(self) -> dict[str, PluginInfo]:
@@ -392,6 +572,7 @@ class RegistryWatcher:
         self._log_once(path, str(exc), key=getattr(exc, "kind", str(exc)))
         if not isinstance(exc, _Retryable):
             entry.parked = True  # its answers will not change until the socket does
+            self.refused[exc.reason or "other"] += 1
             return
         entry.attempts += 1
         delay = min(

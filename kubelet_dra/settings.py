@@ -14,6 +14,8 @@ import pathlib
 import pydantic
 import pydantic_settings
 
+from kubelet_dra import taints
+
 
 class ContainerStatusMode(enum.StrEnum):
     """Whether to write ``containerStatuses[].allocatedResourcesStatus``."""
@@ -21,6 +23,15 @@ class ContainerStatusMode(enum.StrEnum):
     AUTO = "auto"  # write unless the node's kubelet already does
     ON = "on"
     OFF = "off"
+
+
+class TaintEffect(enum.StrEnum):
+    """``--taint-effect``: the taint bridge's effect, or ``off`` (no DeviceTaintRules)."""
+
+    OFF = "off"
+    NONE = "None"
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
 
 
 class Role(enum.StrEnum):
@@ -86,3 +97,30 @@ class Settings(pydantic_settings.BaseSettings):
 
     # Persistence: how often staged records are committed.
     store_flush_interval: float = pydantic.Field(default=0.2, gt=0)
+
+    # The taint bridge (docs/remediation.md): off unless an effect is chosen.
+    taint_effect: TaintEffect = TaintEffect.OFF
+    taint_after: float = pydantic.Field(default=10.0, ge=0)
+    taint_unknown_after: float | None = pydantic.Field(default=None, ge=0)  # None: never
+    untaint_after: float = pydantic.Field(default=60.0, ge=0)
+    taint_key: str = "kubelet-dra.io/unhealthy"
+    # A relist of the node's rules corrects what others changed meanwhile.
+    taint_resync_interval: float = pydantic.Field(default=300.0, gt=0)
+
+    @pydantic.field_validator("taint_unknown_after", mode="before")
+    @classmethod
+    def _never(cls, value: object) -> object:
+        # An empty environment variable, or the word, means the default: never.
+        if isinstance(value, str) and value.strip().lower() in ("", "never"):
+            return None
+        return value
+
+    @pydantic.field_validator("taint_key")
+    @classmethod
+    def _label_name(cls, value: str) -> str:
+        if not taints.valid_taint_key(value):
+            raise ValueError(
+                "must be a label name ([prefix/]name, name at most 63 characters, "
+                "prefix a DNS subdomain)"
+            )
+        return value

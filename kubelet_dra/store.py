@@ -14,6 +14,10 @@ cache as JSON rewritten (temp file + rename, no fsync) on every change. Here:
   reports costs one commit per flush, not per device. The batch is sent to
   SQLite as a single JSON argument (``json_each``) instead of sqlitedict's
   one-queue-round-trip-per-row ``update``;
+- deletions are staged like records (the latest change per device wins), so
+  a device the cache dropped (its driver stopped reporting it, or its stream
+  ended) is gone from the file after the next flush and reads ``Unknown``
+  after a restart, as the kubelet's deleted entries do;
 - lease renewals are stored too (the kubelet stores only changes), so after a
   restart a device whose lease has not run out is still valid;
 - a file that cannot be read (garbage, truncation, a schema we do not know)
@@ -145,7 +149,8 @@ class HealthStore:
         # flush loop's thread and close(), say) must not commit an older batch
         # after a newer one, which would overwrite newer records.
         self._flush_lock = threading.Lock()
-        self._pending: dict[models.DeviceKey, models.DeviceHealth] = {}
+        # None marks a staged deletion.
+        self._pending: dict[models.DeviceKey, models.DeviceHealth | None] = {}
         self.moved_aside: pathlib.Path | None = None
         self.skipped_rows = 0
         self.last_error: str | None = None
@@ -263,6 +268,11 @@ class HealthStore:
         with self._lock:
             self._pending.update(records)
 
+    def stage_delete(self, keys: Iterable[models.DeviceKey]) -> None:
+        """Queue deletions for the next flush (a later stage of the device wins)."""
+        with self._lock:
+            self._pending.update(dict.fromkeys(keys))
+
     @property
     def pending(self) -> int:
         return len(self._pending)
@@ -287,7 +297,8 @@ class HealthStore:
             batch, self._pending = self._pending, {}
         if not batch:
             return 0
-        items = list(batch.items())
+        items = [(k, r) for k, r in batch.items() if r is not None]
+        gone = [list(k) for k, r in batch.items() if r is None]
         try:
             db = self._db if self._db is not None else self._connect()
             # Statements of CHUNK rows, one transaction: a 100k-device flush
@@ -295,6 +306,9 @@ class HealthStore:
             for start in range(0, len(items), CHUNK):
                 rows = [[list(k), _value(k, r)] for k, r in items[start : start + CHUNK]]
                 db.conn.execute(_UPSERT, (json.dumps(rows, ensure_ascii=False),))
+            for start in range(0, len(gone), CHUNK):
+                payload = json.dumps(gone[start : start + CHUNK], ensure_ascii=False)
+                db.conn.execute(_DELETE, (payload,))
             _commit(db)
         except Exception as exc:  # sqlite3 errors arrive re-raised from sqlitedict's thread
             self._restage(batch)
@@ -302,9 +316,9 @@ class HealthStore:
             raise errors.StoreError(f"cannot write health cache {self.path}: {exc}") from exc
         self.commits += 1
         self.last_error = None
-        return len(items)
+        return len(batch)
 
-    def _restage(self, batch: dict[models.DeviceKey, models.DeviceHealth]) -> None:
+    def _restage(self, batch: dict[models.DeviceKey, models.DeviceHealth | None]) -> None:
         with self._lock:
             batch.update(self._pending)
             self._pending = batch
@@ -335,7 +349,7 @@ class HealthStore:
         old, self._db, self._identity = self._db, None, None
         self.last_error = f"health cache file {self.path} was deleted or replaced"
         with self._lock:
-            staged = dict(records)
+            staged: dict[models.DeviceKey, models.DeviceHealth | None] = dict(records)
             staged.update(self._pending)
             self._pending = staged
         if old is not None and old.conn is not None and old.conn.is_alive():

@@ -11,6 +11,11 @@ Two sources, one table:
   ``Health``, ``LastUpdated`` (Go RFC 3339), ``HealthCheckTimeout``
   (nanoseconds, 1.35+), ``Message`` (1.36+).
 
+A ``null`` file, a driver that is ``null`` or has ``"Devices": null`` and a
+``null`` device entry read as empty, as the kubelet v1.38 ``loadFromCheckpoint``
+reads them (v1.37 loaded them and then panicked on the next update). A null
+device entry is the kubelet's zero ``DeviceHealth``: it reads ``Unknown``.
+
 Both print what a reader would see *now*: a record whose lease ran out shows
 ``Unknown`` in the ``visible`` column, as the kubelet's ``getHealthInfo``.
 """
@@ -91,17 +96,28 @@ def read_kubelet_state(path: pathlib.Path, *, default_lease: float) -> list[Row]
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise errors.StoreError(f"cannot read kubelet state {path}: {exc}") from exc
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise errors.StoreError(f"{path}: expected a JSON object of drivers")
     rows = []
     for driver, state in data.items():
         devices = state.get("Devices") if isinstance(state, dict) else None
-        for entry in (devices or {}).values():
-            rows.append(_kubelet_row(driver, entry, default_lease))
+        if devices is not None and not isinstance(devices, dict):
+            raise errors.StoreError(f"{path}: driver {driver!r}: Devices is not an object")
+        for name, entry in (devices or {}).items():
+            rows.append(_kubelet_row(driver, name, entry, default_lease))
     return sorted(rows)
 
 
-def _kubelet_row(driver: str, entry: dict[str, Any], default_lease: float) -> Row:
+def _kubelet_row(driver: str, name: str, entry: object, default_lease: float) -> Row:
+    if not isinstance(entry, dict):
+        # Go decodes null to the zero DeviceHealth (empty names, zero time),
+        # which reads Unknown; show it under its map key "<pool>/<device>".
+        pool, _, device = name.rpartition("/")
+        return models.DeviceKey(driver, pool, device), models.DeviceHealth(
+            models.HealthStatus.UNKNOWN, "", default_lease, 0.0
+        )
     timeout_ns = int(entry.get("HealthCheckTimeout") or 0)
     record = models.DeviceHealth(
         health=_health(entry.get("Health")),

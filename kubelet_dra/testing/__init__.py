@@ -10,14 +10,26 @@ Public names (:data:`__all__`; the modules behind them are private):
 - :class:`FakeApiServer`: a real HTTP server the official ``kubernetes``
   client talks to, with the API's patch semantics, resourceVersion conflicts,
   watches and fault injection; :func:`make_pod` and :func:`make_claim` build
-  the objects it serves.
+  the objects it serves;
+- :func:`eventually` (and :func:`eventually_sync` without an event loop):
+  wait for a condition on real time; a timeout says what was waited for and
+  what was seen last.
 
 Our own integration tests, the demo and the benchmarks use exactly these, so
 other projects can test their node agents and kubelets with them too.
 """
 
+from kubelet_dra.testing._eventually import eventually, eventually_sync
 from kubelet_dra.testing._fakedriver_control import FakeDriverClient
 from kubelet_dra.testing.fakeapi import FakeApiServer, make_claim, make_pod
 from kubelet_dra.testing.fakedriver import FakeDriver
 
-__all__ = ["FakeApiServer", "FakeDriver", "FakeDriverClient", "make_claim", "make_pod"]
+__all__ = [
+    "FakeApiServer",
+    "FakeDriver",
+    "FakeDriverClient",
+    "eventually",
+    "eventually_sync",
+    "make_claim",
+    "make_pod",
+]

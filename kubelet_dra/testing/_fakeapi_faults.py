@@ -16,6 +16,7 @@ from typing import Any
 from kubelet_dra.testing import _fakeapi_status as status
 
 _REASONS = {
+    403: ("Forbidden", "forbidden: injected fault (RBAC or admission denied the request)"),
     429: ("TooManyRequests", "Too many requests, please try again later."),
     500: ("InternalError", "Internal error occurred: injected fault"),
     503: ("ServiceUnavailable", "The server is currently unable to handle the request"),

@@ -21,7 +21,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from kubelet_dra.testing import _fakeapi_cluster as cluster
 from kubelet_dra.testing import _fakeapi_faults as faultlib
+from kubelet_dra.testing import _fakeapi_generic as generic
 from kubelet_dra.testing import _fakeapi_ops as ops
 from kubelet_dra.testing import _fakeapi_status as status
 from kubelet_dra.testing import _fakeapi_store as storage
@@ -32,6 +34,7 @@ _ROUTES = {
     ("v1", "events"): storage.EVENTS,
     ("resource.k8s.io/v1", "resourceclaims"): storage.CLAIMS,
     ("events.k8s.io/v1", "events"): storage.EVENTS_V1,
+    **cluster.RESOURCES,
 }
 _VERSION = {"major": "1", "minor": "36", "gitVersion": "v1.36.0-fakeapi", "platform": "linux/amd64"}
 
@@ -47,6 +50,9 @@ class Context:
     bookmark_interval: float
     max_watch_seconds: float | None
     stopped: threading.Event = field(default_factory=threading.Event)
+    #: Versions of resource.k8s.io that serve devicetaintrules (see _fakeapi_cluster).
+    device_taint_versions: tuple[str, ...] = cluster.TAINT_VERSIONS
+    generic: generic.GenericResources | None = None  # extra types a test asked to serve
 
 
 @dataclass(frozen=True)
@@ -181,9 +187,25 @@ class Handler(BaseHTTPRequestHandler):
         if method == "GET" and self._url_path.rstrip("/") == "/version":
             self._send(200, _VERSION)
             return
+        ctx = self.server.context
+        extra_types = ctx.generic
+        extra = extra_types.route(self._url_path) if extra_types is not None else None
+        if extra_types is not None and extra is not None:
+            if watch:
+                raise _method_not_allowed("WATCH")
+            self._send(*extra_types.handle(method, extra, self._query, self._body))
+            return
+        if method == "GET" and (
+            doc := cluster.discovery(self._url_path, ctx.device_taint_versions)
+        ):
+            self._send(200, doc)
+            return
         route = parse_route(self._url_path)
+        if route is not None and not route.resource.namespaced:
+            route = Route(route.resource, "", route.name, route.subresource)
         if (
             route is None
+            or not cluster.served(route.resource, ctx.device_taint_versions)
             or route.subresource not in (None, "status")
             or (route.subresource == "status" and not route.resource.has_status)
         ):
@@ -232,9 +254,9 @@ class Handler(BaseHTTPRequestHandler):
         selector = storage.Selector(
             res, self._query.get("fieldSelector", ""), self._query.get("labelSelector", "")
         )
-        items, rv = self.server.context.backend.store.select(res, route.namespace, selector)
-        meta: dict[str, Any] = {"resourceVersion": str(rv)}
-        items = _page(items, self._query, meta, rv)
+        items, meta = list_page(
+            self.server.context.backend.store, res, route.namespace, selector, self._query
+        )
         for item in items:  # list items carry no kind/apiVersion, like the real server
             item.pop("kind", None)
             item.pop("apiVersion", None)
@@ -321,26 +343,34 @@ def _deleted_answer(res: storage.Resource, obj: dict[str, Any]) -> dict[str, Any
     }
 
 
-def _page(
-    items: list[dict[str, Any]], query: dict[str, str], meta: dict[str, Any], rv: int
-) -> list[dict[str, Any]]:
+def list_page(
+    store: storage.Store,
+    res: storage.Resource,
+    namespace: str | None,
+    selector: storage.Selector,
+    query: dict[str, str],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """limit/continue paging; the token names the last key returned."""
     token = query.get("continue")
+    start: tuple[str, str] | None = None
     if token:
         try:
-            start = tuple(json.loads(base64.urlsafe_b64decode(token.encode()))["start"])
-        except (ValueError, KeyError, TypeError) as err:
+            raw = json.loads(base64.urlsafe_b64decode(token.encode()))["start"]
+            start = (str(raw[0]), str(raw[1]))
+        except (ValueError, KeyError, TypeError, IndexError) as err:
             raise status.bad_request(f"continue key is not valid: {err}") from err
-        items = [i for i in items if _key(i) > start]
-    limit = int(query.get("limit") or 0)
-    if limit <= 0 or len(items) <= limit:
-        return items
-    page = items[:limit]
-    last = json.dumps({"rv": rv, "start": _key(page[-1])}).encode()
-    meta["continue"] = base64.urlsafe_b64encode(last).decode()
-    meta["remainingItemCount"] = len(items) - limit
-    return page
+    try:
+        limit = int(query.get("limit") or 0)
+    except ValueError as err:
+        raise status.bad_request(f"invalid limit: {err}") from err
+    items, remaining, rv = store.select_page(res, namespace, selector, after=start, limit=limit)
+    meta: dict[str, Any] = {"resourceVersion": str(rv)}
+    if remaining:
+        last = json.dumps({"rv": rv, "start": _key(items[-1])}).encode()
+        meta["continue"] = base64.urlsafe_b64encode(last).decode()
+        meta["remainingItemCount"] = remaining
+    return items, meta
 
 
 def _key(item: dict[str, Any]) -> tuple[str, str]:
-    return item["metadata"]["namespace"], item["metadata"]["name"]
+    return item["metadata"].get("namespace", ""), item["metadata"]["name"]

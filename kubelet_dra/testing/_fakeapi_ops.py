@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kubelet_dra.testing import _fakeapi_cluster as cluster
 from kubelet_dra.testing import _fakeapi_patch as patching
 from kubelet_dra.testing import _fakeapi_status as status
 from kubelet_dra.testing import _fakeapi_store as storage
@@ -62,12 +63,14 @@ class Backend:
                 "Required value: name or generateName is required",
             )
             raise status.invalid(res.kind, "", [error])
-        meta["namespace"] = namespace
+        if res.namespaced:
+            meta["namespace"] = namespace
         for key in ("uid", "resourceVersion", "creationTimestamp"):
             meta.pop(key, None)
         if res.has_status and not keep_status:
             # The create strategies discard client-written status.
             obj["status"] = _initial_status(res, obj)
+        cluster.prepare(res, obj, None, storage.now_rfc3339())
         return self.store.create(res, obj)
 
     def delete(self, res: storage.Resource, namespace: str, name: str, options: Any = None) -> Obj:
@@ -200,6 +203,8 @@ class Backend:
                 new["status"] = copy.deepcopy(current["status"])
         if res is storage.PODS:
             self._pod_status_rules(new)
+        elif subresource is None:
+            cluster.prepare(res, new, current, storage.now_rfc3339())
         return new
 
     def _pod_status_rules(self, pod: Obj) -> None:
@@ -233,7 +238,7 @@ def _apply(patcher: Callable[[Any, Any], Any], current: Obj, body: Any) -> Obj:
 def _check_preconditions(res: storage.Resource, current: Obj, uid: Any, rv: Any) -> None:
     meta = current["metadata"]
     if uid and uid != meta["uid"]:
-        key = f"/registry/{res.plural}/{meta['namespace']}/{meta['name']}"
+        key = f"/registry/{res.plural}/{meta.get('namespace', '')}/{meta['name']}"
         raise status.uid_conflict(res.plural, key, meta["name"], str(uid), meta["uid"])
     if rv and str(rv) != meta["resourceVersion"]:
         raise status.conflict(res.plural, meta["name"])

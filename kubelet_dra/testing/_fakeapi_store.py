@@ -9,6 +9,7 @@ and label selectors are evaluated here the way the registry's ``GetAttrs`` funct
 from __future__ import annotations
 
 import bisect
+import collections
 import copy
 import re
 import threading
@@ -33,6 +34,7 @@ class Resource:
     api_version: str
     has_status: bool
     fields: frozenset[str]
+    namespaced: bool = True  # cluster-scoped objects are stored under namespace ""
 
 
 _META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
@@ -182,7 +184,8 @@ class Store:
         self.history_limit = history_limit
         self.generation = 0  # bumped to end all open watches
         self.bookmark_epoch = 0  # bumped to make every open watch send a bookmark now
-        self._objects: dict[str, dict[tuple[str, str], Obj]] = {r.key: {} for r in RESOURCES}
+        # Keyed by Resource.key; resources added elsewhere (_fakeapi_cluster) get theirs on use.
+        self._objects: dict[str, dict[tuple[str, str], Obj]] = collections.defaultdict(dict)
         self._history: list[Change] = []
         self._history_rvs: list[int] = []
         self._oldest_rv = first_rv  # a watch may resume from this version or any later one
@@ -202,6 +205,38 @@ class Store:
         with self.cond:
             return self._matching(resource, namespace, selector), self.rv
 
+    def select_page(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        selector: Selector,
+        *,
+        after: tuple[str, str] | None,
+        limit: int,
+    ) -> tuple[list[Obj], int, int]:
+        """One page of a list: matches after the key ``after``, at most ``limit`` (0: all).
+
+        Returns the page, how many matches follow it, and the resourceVersion. The items are
+        shallow copies, to be serialized and not modified: stored objects are never changed in
+        place (a write stores a new object), so no deep copy is needed, and a full deep copy per
+        page made a 10,000-pod list quadratic.
+        """
+        with self.cond:
+            objects = self._objects[resource.key]
+            keys = sorted(objects)
+            start = bisect.bisect_right(keys, after) if after is not None else 0
+            page: list[Obj] = []
+            remaining = 0
+            for key in keys[start:]:
+                obj = objects[key]
+                if (namespace is not None and key[0] != namespace) or not selector.matches(obj):
+                    continue
+                if limit <= 0 or len(page) < limit:
+                    page.append(dict(obj))
+                else:
+                    remaining += 1
+            return page, remaining, self.rv
+
     def _matching(self, resource: Resource, namespace: str | None, selector: Selector) -> list[Obj]:
         items = sorted(self._objects[resource.key].items())
         return [
@@ -214,7 +249,11 @@ class Store:
 
     def create(self, resource: Resource, obj: Obj) -> Obj:
         meta = obj.setdefault("metadata", {})
-        namespace = meta.setdefault("namespace", "default")
+        if resource.namespaced:
+            namespace = meta.setdefault("namespace", "default")
+        else:
+            namespace = ""
+            meta.pop("namespace", None)
         with self.cond:
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]

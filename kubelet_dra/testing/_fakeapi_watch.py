@@ -134,7 +134,7 @@ class WatchStream:
     def _matches(self, obj: dict[str, Any] | None) -> bool:
         if obj is None:
             return False
-        in_ns = self._ns is None or obj["metadata"].get("namespace") == self._ns
+        in_ns = self._ns is None or obj["metadata"].get("namespace", "") == self._ns
         return in_ns and self._selector.matches(obj)
 
     def _line(self, change: storage.Change) -> bytes | None:

@@ -8,7 +8,9 @@ code can observe it: one global resourceVersion, optimistic concurrency (409), s
 rules of pod status (conditions merged by type, containerStatuses replaced whole), the KEP-4680
 ``allocatedResourcesStatus`` validation (422), watch semantics including field-selector
 transitions, bookmarks and "410 Expired", and the feature gates ``ResourceHealthStatus`` and
-``ResourceHealthStatusMessage``.
+``ResourceHealthStatusMessage``. Cluster-scoped resource.k8s.io DeviceTaintRules (``v1``,
+``v1beta2``, ``v1alpha3``) and the discovery documents of those versions come from
+``_fakeapi_cluster``.
 
 On top it offers what a test needs and a real server cannot give: fault injection (errors,
 429 with Retry-After, delays, dropped connections, a conflict on each pod's first status
@@ -35,7 +37,9 @@ from typing import Any, Self
 import kubernetes.client
 
 from kubelet_dra.testing import _fakeapi_builders as builders
+from kubelet_dra.testing import _fakeapi_cluster as cluster
 from kubelet_dra.testing import _fakeapi_faults as faults
+from kubelet_dra.testing import _fakeapi_generic as generic
 from kubelet_dra.testing import _fakeapi_http as http
 from kubelet_dra.testing import _fakeapi_ops as ops
 from kubelet_dra.testing import _fakeapi_store as storage
@@ -115,6 +119,7 @@ class FakeApiServer:
         self._backend = ops.Backend(self._store)
         self._faults = faults.Faults()
         self._log = faults.RequestLog()
+        self._generic = generic.GenericResources(self._store)
         self._context = http.Context(
             backend=self._backend,
             faults=self._faults,
@@ -122,6 +127,7 @@ class FakeApiServer:
             token=token,
             bookmark_interval=bookmark_interval,
             max_watch_seconds=max_watch_seconds,
+            generic=self._generic,
         )
         self._server: http.Server | None = None
         self._thread: threading.Thread | None = None
@@ -237,11 +243,52 @@ class FakeApiServer:
     def set_claim_status(self, namespace: str, name: str, status: Obj) -> Obj:
         return self._backend.set_status(storage.CLAIMS, namespace, name, status)
 
+    # DeviceTaintRules (cluster-scoped; _fakeapi_cluster)
+
+    def create_device_taint_rule(self, rule: Obj) -> Obj:
+        """Store a rule as someone else would (validated and defaulted, never faulted)."""
+        return self._backend.create(cluster.DEVICE_TAINT_RULES["v1"], "", rule)
+
+    def device_taint_rules(self, label_selector: str = "") -> list[Obj]:
+        res = cluster.DEVICE_TAINT_RULES["v1"]
+        return self._store.select(res, "", storage.Selector(res, "", label_selector))[0]
+
+    def delete_device_taint_rule(self, name: str) -> Obj:
+        return self._store.delete(cluster.DEVICE_TAINT_RULES["v1"], "", name)
+
+    @property
+    def device_taint_versions(self) -> tuple[str, ...]:
+        """Versions of resource.k8s.io serving devicetaintrules (all three by default)."""
+        return self._context.device_taint_versions
+
+    @device_taint_versions.setter
+    def device_taint_versions(self, versions: Iterable[str]) -> None:
+        self._context.device_taint_versions = tuple(versions)
+
     def events(self, namespace: str | None = None) -> list[Obj]:
         """Stored events, core/v1 first, then events.k8s.io/v1."""
         everything = storage.Selector(storage.EVENTS)
         core = self._store.select(storage.EVENTS, namespace, everything)[0]
         return core + self._store.select(storage.EVENTS_V1, namespace, everything)[0]
+
+    # extra resource types (stored as given; list, get, create, delete; no watch)
+
+    def serve_resource(
+        self, group_version: str, plural: str, kind: str, *, namespaced: bool = False
+    ) -> None:
+        """Serve another type, e.g. ``("resource.k8s.io/v1", "devicetaintrules",
+        "DeviceTaintRule")``; until then its URLs answer 404 as on a server without it."""
+        self._generic.serve(generic.GenericResource(group_version, plural, kind, namespaced))
+
+    def create_object(self, group_version: str, plural: str, obj: Obj) -> Obj:
+        namespace = (obj.get("metadata") or {}).get("namespace") or ""
+        return self._generic.create(group_version, plural, obj, namespace)
+
+    def delete_object(self, group_version: str, plural: str, name: str, namespace: str = "") -> Obj:
+        return self._generic.delete(group_version, plural, name, namespace)
+
+    def objects(self, group_version: str, plural: str) -> list[Obj]:
+        return self._generic.objects(group_version, plural)
 
     @property
     def resource_version(self) -> int:

@@ -123,7 +123,9 @@ class FakeDriver:
 
     ``supported_versions`` overrides what ``GetInfo`` advertises (to test
     invalid lists); ``empty_endpoint`` answers ``endpoint=""`` and serves every
-    service on the registration socket; ``plugin_type`` changes the type.
+    service on the registration socket; ``plugin_type`` changes the type;
+    ``advertised_endpoint`` is sent as ``endpoint`` instead of the real one
+    (to test endpoint validation).
     ``calls`` counts calls per method: ``GetInfo``, ``NotifyRegistrationStatus``,
     ``NodeWatchResources/v1``, ``NodeWatchResources/v1alpha1``,
     ``NodePrepareResources/v1`` ... ``notifications`` lists the
@@ -147,6 +149,7 @@ class FakeDriver:
         plugin_type: str = "DRAPlugin",
         empty_endpoint: bool = False,
         v1alpha1_message: bool = True,
+        advertised_endpoint: str | None = None,
     ) -> None:
         self.name = name
         self.registry = pathlib.Path(registry)
@@ -158,6 +161,7 @@ class FakeDriver:
         self.unimplemented = unimplemented
         self.plugin_type = plugin_type
         self.empty_endpoint = empty_endpoint
+        self.advertised_endpoint = advertised_endpoint
         self.v1alpha1_message = v1alpha1_message
         self._advertised = supported_versions
         self.calls: collections.Counter[str] = collections.Counter()
@@ -370,7 +374,13 @@ class _Registration(reg_grpc.RegistrationServicer):  # type: ignore[misc]
         return reg_pb2.PluginInfo(
             type=drv.plugin_type,
             name=drv.name,
-            endpoint="" if drv.empty_endpoint else str(drv.dra_socket),
+            endpoint=(
+                drv.advertised_endpoint
+                if drv.advertised_endpoint is not None
+                else ""
+                if drv.empty_endpoint
+                else str(drv.dra_socket)
+            ),
             supported_versions=drv.supported_versions,
         )
 

@@ -10,18 +10,34 @@ seconds (default 60).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import random
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 
-from kubelet_dra import settings
-from kubelet_dra.testing import FakeApiServer, make_claim, make_pod
+from kubelet_dra import manager, settings
+from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually, make_claim, make_pod
 from tests.integration._sidecar_process import pod_health, settings_for
+
+__all__ = [
+    "DRIVER",
+    "NODE",
+    "World",
+    "add_pod",
+    "converged",
+    "manager_settings",
+    "open_fds",
+    "pod_health",
+    "resource_id",
+    "task_names",
+    "unknown_writes",
+    "versions",
+    "writes_per_pod",
+]
 
 DRIVER = "gpu.example.com"
 NODE = "node-1"
@@ -107,6 +123,12 @@ class World:
                 wrong[pod] = seen
         return wrong
 
+    def converged(self, api: FakeApiServer) -> bool:
+        """For ``eventually``: true once no pod is wrong; until then it says which are."""
+        wrong = self.wrong_pods(api)
+        assert not wrong, f"pods not yet as reported (resourceID -> health, message): {wrong}"
+        return True
+
 
 def unknown_writes(api: FakeApiServer, since: float = 0.0) -> list[str]:
     """Accepted status writes (after ``since``) giving a resource ``health: Unknown``."""
@@ -131,15 +153,6 @@ def writes_per_pod(api: FakeApiServer) -> dict[str, int]:
     return counts
 
 
-async def until(predicate: Callable[[], object], timeout: float, what: str = "") -> None:
-    """Poll ``predicate`` (off nothing: it must be cheap); fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what or predicate}")
-        await asyncio.sleep(0.02)
-
-
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -157,6 +170,20 @@ def manager_settings(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) ->
         "registration_backoff_max": 0.5,
     }
     return settings_for(sockdir, api, **{**quick, **extra})
+
+
+@contextlib.asynccontextmanager
+async def converged(
+    api: FakeApiServer, sockdir: pathlib.Path, world: World
+) -> AsyncIterator[tuple[FakeDriver, manager.DRAHealthManager]]:
+    """A driver reporting ``world`` and a manager on ``api``, once every pod shows it."""
+    async with (
+        FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver,
+        manager.DRAHealthManager(manager_settings(sockdir, api)) as mgr,
+    ):
+        await driver.set_health(*world.reports())
+        await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
+        yield driver, mgr
 
 
 def names(prefix: str, count: int) -> Sequence[str]:

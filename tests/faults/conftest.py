@@ -8,14 +8,8 @@ long one marked ``slow`` (``tox -e faults`` or ``pytest tests/faults -m slow``);
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Iterator
 
 import pytest
-
-from kubelet_dra.testing import FakeApiServer
-from tests.integration._driver_fixtures import sockdir
-
-__all__ = ["api", "sockdir"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -23,9 +17,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in pathlib.Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.faults)
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server

@@ -29,7 +29,7 @@ import pytest
 import urllib3.util.connection
 
 from kubelet_dra import manager
-from kubelet_dra.testing import FakeApiServer, FakeDriver
+from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 
 from . import _faults as fx
 from ._proxy import Proxy
@@ -91,12 +91,14 @@ async def test_api_fault_every_pod_ends_exact_without_a_retry_storm(
     cfg = fx.manager_settings(sockdir, api)
     async with driver, manager.DRAHealthManager(cfg) as mgr:
         await driver.set_health(*world.reports(), resend=1.0)
-        await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+        await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
         api.reset_log()
         peak = _PeakPending(mgr)
         async with peak:
             await during()
-            await fx.until(lambda: not world.wrong_pods(api), 30, f"convergence after {fault}")
+            await eventually(
+                lambda: world.converged(api), what=f"convergence after {fault}", timeout=30
+            )
         _report(fault, api, world, peak.value)
 
 
@@ -107,7 +109,7 @@ async def test_watch_410_gone_relists_and_every_pod_ends_exact(
     cfg = fx.manager_settings(sockdir, api)
     async with driver, manager.DRAHealthManager(cfg) as mgr:
         await driver.set_health(*world.reports(), resend=1.0)
-        await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+        await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
         api.reset_log()
         gone = 0
         async with _PeakPending(mgr) as peak:
@@ -121,9 +123,15 @@ async def test_watch_410_gone_relists_and_every_pod_ends_exact(
                 api.end_watches()
                 api.expire_history()
                 api.clear_fault(hold)
-                await fx.until(lambda: _lists(api) > gone, 15, "a relist after 410 Expired")  # noqa: B023
+                await eventually(
+                    lambda: _lists(api) > gone,  # noqa: B023  # awaited before the loop goes on
+                    what="a relist after 410 Expired",
+                    timeout=15,
+                )
                 gone = _lists(api)
-            await fx.until(lambda: not world.wrong_pods(api), 30, "convergence after 410s")
+            await eventually(
+                lambda: world.converged(api), what="convergence after 410s", timeout=30
+            )
         relists = sum(1 for r in api.requests if r.path.endswith("/pods") and not r.is_watch)
         assert relists >= 3, relists
         _report("410", api, world, peak.value)
@@ -155,21 +163,23 @@ async def test_api_server_down_connection_refused_then_back(
     try:
         async with driver, manager.DRAHealthManager(cfg) as mgr:
             await driver.set_health(*world.reports(), resend=1.0)
-            await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
             api.reset_log()
             async with _PeakPending(mgr) as peak:
                 proxy.down()
                 down_at, before = time.monotonic(), connects[0]
                 await _changes(driver, world, api, pause=outage / (CHANGES + 1) / 2)
-                await fx.until(lambda: time.monotonic() - down_at >= outage / 2, outage)
+                await eventually(lambda: time.monotonic() - down_at >= outage / 2, timeout=outage)
                 half = connects[0]
-                await fx.until(lambda: time.monotonic() - down_at >= outage, outage)
+                await eventually(lambda: time.monotonic() - down_at >= outage, timeout=outage)
                 during, late = connects[0] - before, connects[0] - half
                 proxy.up()
                 up_at = time.monotonic()
                 try:
-                    await fx.until(
-                        lambda: not world.wrong_pods(api), 60, "convergence after outage"
+                    await eventually(
+                        lambda: world.converged(api),
+                        what="convergence after outage",
+                        timeout=60,
                     )
                 except AssertionError:
                     tail = [(r.method, r.path, r.status) for r in api.requests[-15:]]

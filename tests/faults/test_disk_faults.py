@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import pytest
 
 from kubelet_dra import manager, metrics, store
-from kubelet_dra.testing import FakeApiServer, FakeDriver
+from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 
 from . import _faults as fx
 
@@ -85,7 +85,7 @@ async def test_read_only_state_dir_at_start_serves_from_memory_then_persists(
         async with FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver:
             await driver.set_health(*world.reports())
             async with manager.DRAHealthManager(cfg):
-                await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+                await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
             before = _stored(state)
             if mounted:
                 assert _mount("-o", "remount,ro", str(state))
@@ -100,12 +100,16 @@ async def test_read_only_state_dir_at_start_serves_from_memory_then_persists(
                     assert _degraded_metric(mgr) == 1.0
                     world.mutate(PODS)
                     await driver.set_health(*world.reports())
-                    await fx.until(lambda: not world.wrong_pods(api), 15, "served from memory")
+                    await eventually(
+                        lambda: world.converged(api), what="served from memory", timeout=15
+                    )
                     if mounted:
                         assert _mount("-o", "remount,rw", str(state))
                     else:
                         state.chmod(0o700)
-                    await fx.until(lambda: mgr.readiness()["store"] == "ok", 10, "writable again")
+                    await eventually(
+                        lambda: mgr.readiness()["store"] == "ok", what="writable again", timeout=10
+                    )
                     assert _degraded_metric(mgr) == 0.0
             finally:
                 if not mounted:
@@ -134,25 +138,30 @@ async def test_disk_full_serves_from_memory_says_so_and_persists_when_space_retu
             manager.DRAHealthManager(cfg) as mgr,
         ):
             await driver.set_health(*world.reports())
-            await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
             _fill(filler)
             assert mgr.store is not None
+            db = mgr.store  # the manager's store object lives as long as the manager
             rounds = 0
-            while not mgr.store.degraded:
+            while not db.degraded:
                 rounds += 1
                 assert rounds < 200, "the disk never filled up"
                 world.health = {i: ("Unhealthy", f"{rounds} " + "✗" * 300) for i in range(devices)}
                 await driver.set_health(*world.reports())
-                await fx.until(lambda: mgr.store.pending == 0 or mgr.store.degraded, 5)
-            await fx.until(lambda: "cannot write health cache" in caplog.text, 5, "the error log")
+                await eventually(lambda: db.pending == 0 or db.degraded, timeout=5)
+            await eventually(
+                lambda: "cannot write health cache" in caplog.text, what="the error log", timeout=5
+            )
             assert mgr.readiness()["store"].startswith("degraded, serving from memory")
             assert _degraded_metric(mgr) == 1.0
             world.mutate(PODS)
             await driver.set_health(*world.reports())
-            await fx.until(lambda: not world.wrong_pods(api), 15, "served from memory")
+            await eventually(lambda: world.converged(api), what="served from memory", timeout=15)
             filler.unlink()
-            await fx.until(lambda: not mgr.store.degraded, 10, "space again")
-            await fx.until(lambda: "writable again" in caplog.text, 5, "the recovery log")
+            await eventually(lambda: not db.degraded, what="space again", timeout=10)
+            await eventually(
+                lambda: "writable again" in caplog.text, what="the recovery log", timeout=5
+            )
             errors = mgr.store_errors
         assert _stored(state) == _reported(world)
     print(
@@ -173,29 +182,26 @@ async def test_cache_file_deleted_under_the_process_is_noticed_and_written_again
 ) -> None:
     state = sockdir / "state"
     world = _world(api, 3)
-    cfg = fx.manager_settings(sockdir, api)
     caplog.set_level(logging.INFO)
-    async with (
-        FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver,
-        manager.DRAHealthManager(cfg) as mgr,
-    ):
-        await driver.set_health(*world.reports())
-        await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
-        await fx.until(lambda: mgr.store is not None and mgr.store.pending == 0, 5)
+    async with fx.converged(api, sockdir, world) as (driver, mgr):
+        await eventually(lambda: mgr.store is not None and mgr.store.pending == 0, timeout=5)
         if what == "directory":
             shutil.rmtree(state)
         else:
             for suffix in ("", "-wal", "-shm") if what == "file-wal-shm" else ("",):
                 (state / f"{store.FILE_NAME}{suffix}").unlink(missing_ok=True)
-        await fx.until(lambda: "was deleted or replaced" in caplog.text, 5, "noticed")
-        await fx.until(
-            lambda: (state / store.FILE_NAME).exists() and mgr.readiness()["store"] == "ok", 5
+        await eventually(
+            lambda: "was deleted or replaced" in caplog.text, what="noticed", timeout=5
+        )
+        await eventually(
+            lambda: (state / store.FILE_NAME).exists() and mgr.readiness()["store"] == "ok",
+            timeout=5,
         )
         assert mgr.store_errors >= 1
         world.mutate(PODS)
         await driver.set_health(*world.reports())
-        await fx.until(lambda: not world.wrong_pods(api), 15, "pods after deletion")
-        await fx.until(lambda: mgr.store is not None and mgr.store.pending == 0, 5)
+        await eventually(lambda: world.converged(api), what="pods after deletion", timeout=15)
+        await eventually(lambda: mgr.store is not None and mgr.store.pending == 0, timeout=5)
         assert _stored(state) == _reported(world)
     assert _stored(state) == _reported(world)
 
@@ -205,24 +211,20 @@ async def test_state_dir_replaced_by_a_file_reports_degraded_until_it_is_back(
 ) -> None:
     state = sockdir / "state"
     world = _world(api, 4)
-    cfg = fx.manager_settings(sockdir, api)
-    async with (
-        FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver,
-        manager.DRAHealthManager(cfg) as mgr,
-    ):
-        await driver.set_health(*world.reports())
-        await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+    async with fx.converged(api, sockdir, world) as (driver, mgr):
         shutil.rmtree(state)
         state.write_text("not a directory")
-        await fx.until(lambda: mgr.readiness()["store"] != "ok", 5, "degraded")
+        await eventually(lambda: mgr.readiness()["store"] != "ok", what="degraded", timeout=5)
         detail = mgr.readiness()["store"]
         assert detail.startswith("degraded, serving from memory"), detail
         assert _degraded_metric(mgr) == 1.0
         world.mutate(PODS)
         await driver.set_health(*world.reports())
-        await fx.until(lambda: not world.wrong_pods(api), 15, "served from memory")
+        await eventually(lambda: world.converged(api), what="served from memory", timeout=15)
         state.unlink()
-        await fx.until(lambda: mgr.readiness()["store"] == "ok", 10, "persisting again")
-        await fx.until(lambda: mgr.store is not None and mgr.store.pending == 0, 5)
+        await eventually(
+            lambda: mgr.readiness()["store"] == "ok", what="persisting again", timeout=10
+        )
+        await eventually(lambda: mgr.store is not None and mgr.store.pending == 0, timeout=5)
     assert _stored(state) == _reported(world)
     print(f"\nstate dir replaced by a file: /readyz said {detail!r}; persisted after it was back")

@@ -27,7 +27,7 @@ import time
 import pytest
 
 from kubelet_dra import manager
-from kubelet_dra.testing import FakeApiServer, FakeDriver
+from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 from kubelet_dra.testing._fakedriver_control import FakeDriverClient
 
 from . import _faults as fx
@@ -78,15 +78,17 @@ async def test_driver_stopped_and_restarted_with_sockets_removed(
     await driver.set_health(*world.reports())
     try:
         async with manager.DRAHealthManager(cfg):
-            await fx.until(lambda: not world.wrong_pods(api), 10, "first convergence")
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=10)
             leaks = _Leaks()
             for _ in range(rounds):
                 await driver.stop()
-                await fx.until(lambda: _all_unknown(api, world), 10, "Unknown after stop")
+                await eventually(
+                    lambda: _all_unknown(api, world), what="Unknown after stop", timeout=10
+                )
                 world.mutate()
                 await driver.start()
                 await driver.set_health(*world.reports())
-                await fx.until(lambda: not world.wrong_pods(api), 10, "recovery")
+                await eventually(lambda: world.converged(api), what="recovery", timeout=10)
             await _settle()
             summary = leaks.check()
     finally:
@@ -102,16 +104,20 @@ async def test_driver_process_sigkilled_leaving_its_sockets_and_restarted(
     cfg = fx.manager_settings(sockdir, api)
     async with manager.DRAHealthManager(cfg):
         async with _driver_process(sockdir, world):
-            await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
             leaks = _Leaks()
         for _ in range(rounds):
             # The SIGKILL left both sockets on disk: only the stream notices.
             assert (sockdir / "reg" / f"{fx.DRIVER}-reg.sock").exists()
-            await fx.until(lambda: _all_unknown(api, world), 10, "Unknown after SIGKILL")
+            await eventually(
+                lambda: _all_unknown(api, world), what="Unknown after SIGKILL", timeout=10
+            )
             world.mutate()
             async with _driver_process(sockdir, world):
-                await fx.until(lambda: not world.wrong_pods(api), 15, "recovery")
-        await fx.until(lambda: _all_unknown(api, world), 10, "Unknown after the last SIGKILL")
+                await eventually(lambda: world.converged(api), what="recovery", timeout=15)
+        await eventually(
+            lambda: _all_unknown(api, world), what="Unknown after the last SIGKILL", timeout=10
+        )
         await _settle()
         summary = leaks.check()
     print(f"\ndriver SIGKILL (sockets left): {rounds} rounds, {summary}")
@@ -128,7 +134,7 @@ async def test_rolling_upgrades_never_show_unknown(
     await old.set_health(*world.reports())
     try:
         async with manager.DRAHealthManager(cfg) as mgr:
-            await fx.until(lambda: not world.wrong_pods(api), 10, "first convergence")
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=10)
             since = time.time()
             leaks = _Leaks()
             for generation in range(1, rounds + 1):
@@ -136,10 +142,16 @@ async def test_rolling_upgrades_never_show_unknown(
                 await new.start()
                 world.mutate()
                 await new.set_health(*world.reports())
-                await fx.until(lambda: len(mgr.plugins.endpoints) == 2, 10, "overlap")
-                await fx.until(lambda: not world.wrong_pods(api), 10, "new endpoint's report")
+                await eventually(
+                    lambda: len(mgr.plugins.endpoints) == 2, what="overlap", timeout=10
+                )
+                await eventually(
+                    lambda: world.converged(api), what="new endpoint's report", timeout=10
+                )
                 await old.stop()
-                await fx.until(lambda: len(mgr.plugins.endpoints) == 1, 10, "old gone")
+                await eventually(
+                    lambda: len(mgr.plugins.endpoints) == 1, what="old gone", timeout=10
+                )
                 old = new
             await _settle()
             assert not world.wrong_pods(api)

@@ -47,7 +47,7 @@ async def test_sigkill_at_random_moments_loses_no_final_state_and_never_blips_un
     async with FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver:
         await driver.set_health(*world.reports(timeout=30), resend=0.3)
         async with SidecarProcess(sockdir, api) as first:
-            await first.until(lambda: not world.wrong_pods(api), timeout=20)
+            await first.until(lambda: world.converged(api), timeout=20)
             await first.stop(signal.SIGKILL)
         watch_from = time.time()
         logs: list[list[str]] = []
@@ -58,7 +58,7 @@ async def test_sigkill_at_random_moments_loses_no_final_state_and_never_blips_un
                     early_kills += 1
                     await _random_pause(rng, 1.5)
                 else:
-                    await sidecar.until(lambda: not world.wrong_pods(api), timeout=20)
+                    await sidecar.until(lambda: world.converged(api), timeout=20)
                     world.mutate()
                     created = _churn_pods(api, world, rng, created)
                     await driver.set_health(*world.reports(timeout=30), resend=0.3)
@@ -69,7 +69,7 @@ async def test_sigkill_at_random_moments_loses_no_final_state_and_never_blips_un
             assert not list(state.glob("*.corrupt-*")), "a SIGKILL corrupted the state file"
         async with SidecarProcess(sockdir, api) as last:
             await last.until(lambda: "sidecar running" in last.log, timeout=20)
-            await last.until(lambda: not world.wrong_pods(api), timeout=20)
+            await last.until(lambda: world.converged(api), timeout=20)
             code, _ = await last.stop(signal.SIGTERM)
         assert code == 0
         assert "unreadable" not in last.log

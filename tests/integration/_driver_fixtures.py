@@ -1,60 +1,76 @@
-"""Fixtures and helpers for the discovery, stream, fake-driver and watch tests.
-
-Unix socket paths are limited to 107 bytes, so sockets live in a short
-``/tmp/kd*`` directory rather than pytest's ``tmp_path``.
-"""
+"""Helpers of the discovery, stream, fake-driver and watch tests, and the one settings
+builder of the suite (the fixtures are in ``tests/conftest.py`` and ``conftest.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import pathlib
-import shutil
-import tempfile
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+import random
+from collections.abc import Mapping
+from typing import Any
 
-import pytest
+from kubelet_dra import models, plugins, registration, settings
+from kubelet_dra.testing import FakeApiServer, eventually
 
-from kubelet_dra import clock, healthinfo, models, plugins, registration, settings
+NODE = "node-1"
+
+# Presets of ``make_settings``. Fake-clock stream tests count the stream backoff (1 s,
+# doubling to 8 s), so STREAMS keeps it long; real-time pipelines want everything short.
+STREAMS: Mapping[str, object] = {
+    "registry_poll_interval": 0.02,
+    "get_info_timeout": 0.3,
+    "registration_backoff_initial": 0.5,
+    "registration_backoff_max": 4.0,
+    "stream_backoff_initial": 1.0,
+    "stream_backoff_max": 8.0,
+    "stream_backoff_reset_after": 60.0,
+}
+PIPELINE: Mapping[str, object] = {
+    "registry_poll_interval": 0.05,
+    "write_window": 0.01,
+    "store_flush_interval": 0.05,
+    "stream_backoff_initial": 0.05,
+    "stream_backoff_max": 0.2,
+}
+WRITER: Mapping[str, object] = {
+    "node_name": NODE,
+    "write_window": 0.02,
+    "api_qps": 1000.0,
+    "api_burst": 1000,
+    "event_interval": 0.0,
+}
 
 
-@pytest.fixture
-def sockdir() -> Iterator[pathlib.Path]:
-    path = pathlib.Path(tempfile.mkdtemp(prefix="kd", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def registry(sockdir: pathlib.Path) -> pathlib.Path:
-    path = sockdir / "reg"
-    path.mkdir()
-    return path
-
-
-def make_settings(**overrides: object) -> settings.Settings:
-    values: dict[str, object] = {
-        "registry_poll_interval": 0.02,
-        "get_info_timeout": 0.3,
-        "registration_backoff_initial": 0.5,
-        "registration_backoff_max": 4.0,
-        "stream_backoff_initial": 1.0,
-        "stream_backoff_max": 8.0,
-        "stream_backoff_reset_after": 60.0,
-    }
+def make_settings(
+    *,
+    tuning: Mapping[str, object] = STREAMS,
+    sockdir: pathlib.Path | None = None,
+    api: FakeApiServer | None = None,
+    **overrides: object,
+) -> settings.Settings:
+    """The tests' one settings builder: a preset, then the registry and state directory
+    under ``sockdir`` and the node name and a kubeconfig for ``api``, then ``overrides``."""
+    values: dict[str, Any] = dict(tuning)
+    if sockdir is not None:
+        values |= {"plugins_registry": sockdir / "reg", "state_dir": sockdir / "state"}
+    if api is not None:
+        assert sockdir is not None, "the kubeconfig is written under sockdir"
+        values |= {"node_name": NODE, "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig")}
     values.update(overrides)
-    return settings.Settings(**values)  # type: ignore[arg-type]
+    return settings.Settings(**values)
 
 
-async def wait_until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
-    """Poll ``predicate`` until it is true; fail after ``timeout`` real seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.005)
+# The old name of ``kubelet_dra.testing.eventually``, kept while branches that still
+# import it are merged; new code calls ``eventually`` (it says what it waited for).
+wait_until = eventually
+
+
+def rss_mb() -> float:
+    """This process's resident memory, in MB (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
 
 
 class Changes:
@@ -84,37 +100,17 @@ class Events:
         return [str(e.kind) for e in self.events if driver is None or e.plugin.driver == driver]
 
 
-class NoJitter:
+class NoJitter(random.Random):
     """An rng whose jitter is zero, so backoff delays are exact."""
 
     def uniform(self, a: float, b: float) -> float:
         return (a + b) / 2
 
 
-@pytest.fixture
-def fake_clock() -> clock.FakeClock:
-    return clock.FakeClock()
-
-
-@pytest.fixture
-async def stack(
-    fake_clock: clock.FakeClock,
-) -> AsyncIterator[tuple[healthinfo.HealthCache, plugins.PluginManager, Changes]]:
-    """A health cache and a started PluginManager on the fake clock."""
-    cache = healthinfo.HealthCache()
-    changes = Changes()
-    manager = plugins.PluginManager(
-        cache,
-        settings=make_settings(),
-        clock=fake_clock,
-        on_change=changes,
-        rng=NoJitter(),  # type: ignore[arg-type]
-    )
-    async with manager:
-        yield cache, manager, changes
-
-
-def device(pool: str, name: str, health: str = "Healthy", **extra: object) -> dict[str, object]:
+def device(
+    pool: str, name: str, health: str | int = "Healthy", **extra: object
+) -> dict[str, object]:
+    """A device entry for ``FakeDriver.set_health``; ``health`` may be a raw enum value."""
     return {"pool": pool, "device": name, "health": health, **extra}
 
 

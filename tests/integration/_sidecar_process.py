@@ -14,19 +14,22 @@ import os
 import pathlib
 import re
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from kubelet_dra import podstatus, settings
-from kubelet_dra.testing import FakeApiServer, make_claim, make_pod
+from kubelet_dra.testing import FakeApiServer, eventually, make_claim, make_pod
+from kubelet_dra.testing._eventually import describe
+
+from ._driver_fixtures import NODE, PIPELINE, make_settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DRIVER = "gpu.example.com"
-NODE = "node-1"
 FAST_ENV = {
     "KUBELET_DRA_REGISTRY_POLL_INTERVAL": "0.05",
     "KUBELET_DRA_STREAM_BACKOFF_INITIAL": "0.05",
@@ -34,6 +37,23 @@ FAST_ENV = {
     "KUBELET_DRA_WRITE_WINDOW": "0.01",
     "KUBELET_DRA_STORE_FLUSH_INTERVAL": "0.05",
 }
+__all__ = [
+    "DRIVER",
+    "FAST_ENV",
+    "NODE",
+    "ROOT",
+    "SidecarExited",
+    "SidecarProcess",
+    "base_env",
+    "cluster",
+    "device",
+    "health_of",
+    "http_get",
+    "pod_health",
+    "run_python",
+    "settings_for",
+]
+T = TypeVar("T")
 _ADDRESS = re.compile(r"metrics, /healthz and /readyz on http://(\S+)")
 
 
@@ -49,6 +69,21 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_python(*argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``python *argv`` from the checkout, as a user would run it; it must exit 0."""
+    done = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
 def cluster(api: FakeApiServer) -> None:
     """Two pods on our node, one device each; one pod elsewhere that must not be written."""
     api.create_claim(make_claim("gpu-a", results=[(DRIVER, "pool", "gpu-0", "gpu")]))
@@ -60,19 +95,7 @@ def cluster(api: FakeApiServer) -> None:
 
 def settings_for(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.Settings:
     """In-process pipeline settings against ``api``, with fast intervals for tests."""
-    values: dict[str, Any] = {
-        "node_name": NODE,
-        "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig"),
-        "plugins_registry": sockdir / "reg",
-        "state_dir": sockdir / "state",
-        "registry_poll_interval": 0.05,
-        "write_window": 0.01,
-        "store_flush_interval": 0.05,
-        "stream_backoff_initial": 0.05,
-        "stream_backoff_max": 0.2,
-    }
-    values.update(extra)
-    return settings.Settings(**values)
+    return make_settings(tuning=PIPELINE, sockdir=sockdir, api=api, **extra)
 
 
 def pod_health(api: FakeApiServer, name: str) -> dict[str, tuple[str, str]]:
@@ -92,6 +115,11 @@ def health_of(api: FakeApiServer, name: str, device: str) -> str:
 
 def device(name: str, health: str = "Healthy", **extra: Any) -> dict[str, Any]:
     return {"pool": "pool", "device": name, "health": health, **extra}
+
+
+class SidecarExited(Exception):
+    """The sidecar is gone: no use waiting any longer (not an ``AssertionError``, which
+    ``eventually`` would take for "not yet")."""
 
 
 class SidecarProcess:
@@ -158,28 +186,35 @@ class SidecarProcess:
 
     async def metrics_url(self, timeout: float = 8.0) -> str:
         """``http://host:port`` of the metrics server, read from the sidecar's log."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.stderr:
-                if found := _ADDRESS.search(line):
-                    return f"http://{found[1]}"
-            self.check_running()
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"no metrics address logged; stderr:\n{self.log}")
+
+        def address() -> str | None:
+            found = [m for line in self.stderr if (m := _ADDRESS.search(line))]
+            return f"http://{found[0][1]}" if found else None
+
+        url = await self.until(address, timeout, "the metrics address in the log")
+        assert url is not None  # eventually returns a truthy answer
+        return url
 
     def check_running(self) -> None:
         assert self.proc is not None
         if self.proc.returncode is not None:
-            raise AssertionError(f"sidecar exited {self.proc.returncode}; stderr:\n{self.log}")
+            raise SidecarExited(f"sidecar exited {self.proc.returncode}; stderr:\n{self.log}")
 
-    async def until(self, predicate: Callable[[], object], timeout: float = 5.0) -> None:
-        """Poll ``predicate``; fail with the sidecar's log at the deadline or if it exits."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
+    async def until(
+        self, predicate: Callable[[], T], timeout: float = 15.0, what: str | None = None
+    ) -> T:
+        """:func:`eventually` while the sidecar runs; fail with its log at the deadline or if
+        it exits. The default allows for a slow start of a new interpreter on a loaded
+        machine (a sidecar that exits fails at once)."""
+
+        def check() -> T:
             self.check_running()
-            if time.monotonic() > deadline:
-                raise AssertionError(f"condition not met within {timeout} s; stderr:\n{self.log}")
-            await asyncio.sleep(0.01)
+            return predicate()
+
+        try:
+            return await eventually(check, what=what or describe(predicate), timeout=timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nstderr:\n{self.log}") from None
 
     @property
     def log(self) -> str:

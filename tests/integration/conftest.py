@@ -1,5 +1,38 @@
-"""Shared fixtures of the integration tests (see ``_driver_fixtures`` for the driver ones)."""
+"""Fixtures of the integration tests (the shared ones are in ``tests/conftest.py``).
 
-from ._driver_fixtures import fake_clock, registry, sockdir, stack
+- ``stack``: a health cache and a started ``PluginManager`` on the fake clock, with
+  the ``Changes`` it notified;
+- ``cluster_objects``: puts ``_sidecar_process.cluster`` (two pods on our node, one
+  elsewhere, their claims) into ``api``; a module uses it with
+  ``pytestmark = pytest.mark.usefixtures("cluster_objects")``.
+"""
 
-__all__ = ["fake_clock", "registry", "sockdir", "stack"]
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from kubelet_dra import clock, healthinfo, plugins
+from kubelet_dra.testing import FakeApiServer
+
+from ._driver_fixtures import Changes, NoJitter, make_settings
+from ._sidecar_process import cluster
+
+
+@pytest.fixture
+async def stack(
+    fake_clock: clock.FakeClock,
+) -> AsyncIterator[tuple[healthinfo.HealthCache, plugins.PluginManager, Changes]]:
+    cache = healthinfo.HealthCache()
+    changes = Changes()
+    manager = plugins.PluginManager(
+        cache, settings=make_settings(), clock=fake_clock, on_change=changes, rng=NoJitter()
+    )
+    async with manager:
+        yield cache, manager, changes
+
+
+@pytest.fixture
+def cluster_objects(api: FakeApiServer) -> None:
+    cluster(api)

@@ -11,23 +11,13 @@ from __future__ import annotations
 
 import pathlib
 import random
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from kubelet_dra import manager
-from kubelet_dra.testing import FakeApiServer, FakeDriver, make_claim, make_pod
+from kubelet_dra.testing import FakeApiServer, eventually, make_claim, make_pod
 
 from ..faults import _faults as fx
 
 OTHER = "other.example.com"
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
 
 
 def _odd_objects(api: FakeApiServer) -> list[str]:
@@ -81,23 +71,21 @@ async def test_odd_pods_and_claims_never_stop_the_good_ones(
         world.pods[f"good-{i}"] = i
     odd = _odd_objects(api)
     api.create_pod(make_pod("elsewhere", "node-2", claims=["mixed"]))
-    cfg = fx.manager_settings(sockdir, api)
-    async with (
-        FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver,
-        manager.DRAHealthManager(cfg) as mgr,
-    ):
-        await driver.set_health(*world.reports())
-        await fx.until(lambda: not world.wrong_pods(api), 15, "first convergence")
+    async with fx.converged(api, sockdir, world) as (driver, mgr):
         api.delete_claim("default", "deleted-later")
         for _ in range(3):
             world.mutate()
             await driver.set_health(*world.reports())
-            await fx.until(lambda: not world.wrong_pods(api), 15, "good pods after a change")
+            await eventually(
+                lambda: world.converged(api), what="good pods after a change", timeout=15
+            )
         mixed = fx.pod_health(api, "mixed")
         assert mixed.get(fx.resource_id(2)) == world.expected_health(2)
         # Regression: a claim that does not exist (404) kept /readyz at
         # "claim cache not synced" for as long as a pod referenced it.
-        await fx.until(lambda: mgr.readiness() == {"store": "ok", "pods": "ok", "claims": "ok"}, 5)
+        await eventually(
+            lambda: mgr.readiness() == {"store": "ok", "pods": "ok", "claims": "ok"}, timeout=5
+        )
         readiness = mgr.readiness()
     assert not api.status_writes("default", "elsewhere")
     print(f"\nodd API objects: {len(odd)} odd pods next to 2 good ones; readiness {readiness}")

@@ -16,13 +16,13 @@ import logging
 import os
 import pathlib
 import sys
-import time
 
 import pytest
 
 from kubelet_dra import clock, healthinfo, plugins, registration
+from kubelet_dra.testing import eventually
 
-from ._driver_fixtures import Changes, make_settings, wait_until
+from ._driver_fixtures import Changes, make_settings, rss_mb
 
 SENDER = r"""
 import sys, time
@@ -53,14 +53,6 @@ server.wait_for_termination()
 """
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.parametrize(
     ("count", "reason"),
     [
@@ -86,17 +78,21 @@ async def test_huge_report_is_refused_with_a_reason_and_memory_stays_bounded(
         )
         cache = healthinfo.HealthCache()
         settings = make_settings(stream_backoff_initial=5.0)
-        before = peak = _rss_mb()
+        before = peak = rss_mb()
         async with plugins.PluginManager(
             cache, settings=settings, clock=clock.SystemClock(), on_change=Changes()
         ) as mgr:
             await mgr.handle(registration.PluginEvent(registration.EventKind.REGISTER, info))
-            deadline = time.monotonic() + 30
-            while not mgr.refused.get(("huge.example.com", reason)):
-                peak = max(peak, _rss_mb())
-                assert time.monotonic() < deadline, dict(mgr.refused)
-                await asyncio.sleep(0.005)
-            await wait_until(lambda: f"({reason})" in caplog.text)
+
+            def refused() -> int:
+                nonlocal peak
+                peak = max(peak, rss_mb())
+                count = mgr.refused.get(("huge.example.com", reason), 0)
+                assert count, f"refused so far: {dict(mgr.refused)}"
+                return count
+
+            await eventually(refused, what=f"the refusal ({reason})", timeout=30, interval=0.005)
+            await eventually(lambda: f"({reason})" in caplog.text)
         assert len(cache) == 0
     finally:
         sender.kill()

@@ -24,9 +24,9 @@ import time
 import pytest
 
 from kubelet_dra import clock, healthinfo, plugins, registration
-from kubelet_dra.testing import fakedriver
+from kubelet_dra.testing import eventually, fakedriver
 
-from ._driver_fixtures import Changes, make_settings, wait_until
+from ._driver_fixtures import Changes, make_settings
 
 
 def _junk(
@@ -36,7 +36,7 @@ def _junk(
     directory.mkdir()
     nested = directory / "a" / "b" / "c"
     nested.mkdir(parents=True)
-    listening = []
+    listening: list[socket.socket] = []
     for i in range(count):
         kind = rng.choice(
             ["file", "dead", "dead", "fifo", "nested", "dangling", "alias", "bytes", "listen"]
@@ -102,20 +102,20 @@ async def test_junk_waves_do_not_disturb_a_registered_driver(
             for wave in range(waves):
                 junk = registry / f"junk{wave}"
                 listening = _junk(junk, count, rng, drv.registration_socket)
-                await wait_until(lambda: len(watcher._sockets) > count // 5, timeout=30)
-                await wait_until(lambda: _all_tried(watcher), timeout=30)
+                await eventually(lambda: len(watcher._sockets) > count // 5, timeout=30)
+                await eventually(lambda: _all_tried(watcher), timeout=30)
                 for sock in listening:
                     sock.close()
                 shutil.rmtree(junk)
-                await wait_until(lambda: len(watcher._sockets) == 1, timeout=30)
+                await eventually(lambda: len(watcher._sockets) == 1, timeout=30)
             elapsed = time.monotonic() - started
             assert list(watcher.registered) == [str(drv.registration_socket)]
             assert drv.calls["GetInfo"] == 1, drv.calls
             assert drv.calls["NodeWatchResources/v1"] == 1 and drv.open_streams == 1
             assert len(mgr.endpoints) == 1 and not watcher.failures
             # +2: the lease-deadline task's two waiters come and go with each report.
-            await wait_until(lambda: len(asyncio.all_tasks()) <= tasks + 2, timeout=10)
-            await wait_until(lambda: _fds() <= fds, timeout=10)
+            await eventually(lambda: len(asyncio.all_tasks()) <= tasks + 2, timeout=10)
+            await eventually(lambda: _fds() <= fds, timeout=10)
     print(
         f"\nregistry junk: {waves} waves x {count} entries in {elapsed:.1f} s; driver undisturbed"
     )

@@ -33,12 +33,6 @@ STRATEGIC = "application/strategic-merge-patch+json"
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
 def client(api: FakeApiServer) -> Iterator[kubernetes.client.ApiClient]:
     with api.api_client() as api_client:
         yield api_client
@@ -185,7 +179,8 @@ def test_watch_from_compacted_resource_version_gets_410_expired(
     rv = core.list_pod_for_all_namespaces().metadata.resource_version
     api.create_pod(make_pod("a"))
     api.expire_history()
-    response = core.list_pod_for_all_namespaces(
+    # Not preloaded: the raw urllib3 response, which the client's types do not say.
+    response: Any = core.list_pod_for_all_namespaces(
         watch=True, resource_version=rv, _preload_content=False
     )
     event = json.loads(response.read().splitlines()[0])

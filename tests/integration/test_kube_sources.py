@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kubelet_dra import claims
-from kubelet_dra.testing import fakeapi
-from tests.integration import test_kube_harness as h
+from kubelet_dra.testing import eventually, fakeapi
+from tests.integration import _kube_harness as h
 
 H = h.H
 
@@ -24,7 +26,7 @@ async def _requests_for(pods: int, others: int) -> tuple[int, int, int]:
             )
         for n in range(pods):
             t.pod_with_gpu(f"p{n}", f"gpu-{n}")
-        await h.eventually(lambda: t.pods.claims_synced, timeout=10)
+        await eventually(lambda: t.pods.claims_synced, timeout=10)
         await h.settled(t)
         claim_lists = t.server.count("GET", r"/resourceclaims$")
         claim_gets = t.server.count("GET", r"/resourceclaims/[^/]+$")
@@ -51,7 +53,7 @@ async def test_template_claim_is_fetched_once_the_status_names_it() -> None:
         )
         pod = fakeapi.make_pod("p1", claims=[fakeapi.PodClaim("gpu", "p1-gpu-x1", template="t")])
         created = t.server.create_pod(pod)
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         uid = created["metadata"]["uid"]
         assert [d.device for _, d in t.index.devices_of_pod(uid)] == ["g"]
 
@@ -62,19 +64,19 @@ async def test_unallocated_claim_is_read_again_until_allocated() -> None:
         allocation = claim["status"].pop("allocation")
         t.server.create_claim(claim)
         pod = t.server.create_pod(fakeapi.make_pod("p1", claims=[fakeapi.PodClaim("gpu", "late")]))
-        await h.eventually(lambda: t.server.count("GET", r"/resourceclaims/late$") >= 1)
+        await eventually(lambda: t.server.count("GET", r"/resourceclaims/late$") >= 1)
         t.server.set_claim_status("default", "late", {"allocation": allocation})
         uid = pod["metadata"]["uid"]
-        await h.eventually(lambda: bool(t.index.devices_of_pod(uid)))
+        await eventually(lambda: bool(t.index.devices_of_pod(uid)))
 
 
 async def test_deleted_pod_leaves_the_index_and_its_claims() -> None:
     async with h.running() as t:
         pod = t.pod_with_gpu("p1", "gpu-0")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         assert t.index.referenced_claims() == {claims.ClaimKey("default", "p1-gpu")}
         t.server.delete_pod("default", "p1")
-        await h.eventually(lambda: t.index.pod(pod["metadata"]["uid"]) is None)
+        await eventually(lambda: t.index.pod(pod["metadata"]["uid"]) is None)
         assert t.index.referenced_claims() == frozenset()
 
 
@@ -82,28 +84,28 @@ async def test_deleted_pod_leaves_the_index_and_its_claims() -> None:
 async def test_watch_loss_resumes_without_missing_pods(gone: bool) -> None:
     async with h.running() as t:
         t.pod_with_gpu("p1", "gpu-0")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         if gone:
             t.server.expire_history()
         t.server.end_watches()
         second = t.pod_with_gpu("p2", "gpu-1")
-        await h.eventually(lambda: t.index.pod(second["metadata"]["uid"]) is not None)
+        await eventually(lambda: t.index.pod(second["metadata"]["uid"]) is not None)
         t.report("gpu-1", H.UNHEALTHY)
-        await h.eventually(lambda: t.healths("p2") == {f"{h.DRV}/pool/gpu-1": "Unhealthy"})
+        await eventually(lambda: t.healths("p2") == {f"{h.DRV}/pool/gpu-1": "Unhealthy"})
 
 
 async def test_pod_moving_off_the_selector_is_dropped() -> None:
     async with h.running() as t:
         pod = t.pod_with_gpu("p1", "gpu-0")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
 
-        def elsewhere(obj: dict) -> dict:  # type: ignore[type-arg]
+        def elsewhere(obj: dict[str, Any]) -> dict[str, Any]:
             obj["spec"]["nodeName"] = "node-2"
             return obj
 
         await h.settled(t)
         t.server.update_pod("default", "p1", elsewhere)
-        await h.eventually(lambda: t.index.pod(pod["metadata"]["uid"]) is None)
+        await eventually(lambda: t.index.pod(pod["metadata"]["uid"]) is None)
         writes = len(t.server.status_writes(name="p1"))
         t.report("gpu-0", H.UNHEALTHY)
         t.writer.mark_dirty({pod["metadata"]["uid"]})

@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
-from ._sidecar_process import ROOT, base_env
+from ._sidecar_process import ROOT, run_python
 
 EXAMPLES = ROOT / "docs" / "examples"
 
 
 def run_example(name: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / name)],
-        cwd=ROOT,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
+    return run_python(str(EXAMPLES / name))
 
 
 @pytest.mark.timeout(40)

@@ -8,21 +8,12 @@ from __future__ import annotations
 import pathlib
 import time
 
-from kubelet_dra import manager, models, settings, store
-from kubelet_dra.testing import FakeDriver
+from kubelet_dra import manager, models, store
+from kubelet_dra.testing import FakeDriver, eventually
 
-from ._driver_fixtures import make_settings, wait_until
+from ._driver_fixtures import make_settings
 
 DRIVER = "gpu.example.com"
-
-
-def _config(sockdir: pathlib.Path) -> settings.Settings:
-    return make_settings(
-        plugins_registry=sockdir / "reg",
-        state_dir=sockdir / "state",
-        store_flush_interval=0.02,
-        startup_grace=0.0,
-    )
 
 
 def _seed(state_dir: pathlib.Path, key: models.DeviceKey, now: float) -> None:
@@ -35,7 +26,7 @@ def _seed(state_dir: pathlib.Path, key: models.DeviceKey, now: float) -> None:
 
 async def test_cache_taken_before_start_is_the_live_one(sockdir: pathlib.Path) -> None:
     (sockdir / "reg").mkdir()
-    cfg = _config(sockdir)
+    cfg = make_settings(sockdir=sockdir, store_flush_interval=0.02, startup_grace=0.0)
     loaded = models.DeviceKey(DRIVER, "pool", "gpu-9")
     reported = models.DeviceKey(DRIVER, "pool", "gpu-0")
     mgr = manager.DRAHealthManager(cfg, on_status=lambda update: None)
@@ -48,7 +39,7 @@ async def test_cache_taken_before_start_is_the_live_one(sockdir: pathlib.Path) -
             # The state file was loaded into the cache the caller already held ...
             assert early_cache.get(loaded, time.time()).health is models.HealthStatus.UNHEALTHY
             # ... the streams feed it ...
-            await wait_until(
+            await eventually(
                 lambda: early_cache.get(reported, time.time()).health is models.HealthStatus.HEALTHY
             )
     # The report reached the state file that was opened after the cache was built.

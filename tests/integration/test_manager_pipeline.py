@@ -7,15 +7,12 @@ kubernetes client talking HTTP to the API stand-in.
 from __future__ import annotations
 
 import pathlib
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
-
 from kubelet_dra import manager, models, podstatus, settings
-from kubelet_dra.testing import FakeApiServer, FakeDriver, make_pod
+from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually, make_pod
 
-from ._driver_fixtures import wait_until
+from ._driver_fixtures import PIPELINE, make_settings
 from ._sidecar_process import DRIVER, NODE, cluster, pod_health, settings_for
 
 
@@ -26,12 +23,6 @@ def config(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.
 def condition(api: FakeApiServer, name: str) -> dict[str, Any] | None:
     status = api.get_pod("default", name)["status"]
     return podstatus.find_condition(status, "DeviceHealthy")
-
-
-@pytest.fixture
-def api() -> AsyncIterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
 
 
 async def test_health_reaches_pod_status_condition_and_state_file(
@@ -45,14 +36,14 @@ async def test_health_reaches_pod_status_condition_and_state_file(
             {"pool": "pool", "device": "gpu-1", "health": "Healthy"},
         )
         async with manager.DRAHealthManager(cfg) as mgr:
-            await wait_until(
+            await eventually(
                 lambda: pod_health(api, "train-a") == {f"{DRIVER}/pool/gpu-0": ("Healthy", "")}
             )
             await driver.set_health(
                 {"pool": "pool", "device": "gpu-0", "health": "Unhealthy", "message": "XID 79"},
                 {"pool": "pool", "device": "gpu-1", "health": "Healthy"},
             )
-            await wait_until(
+            await eventually(
                 lambda: (
                     pod_health(api, "train-a")[f"{DRIVER}/pool/gpu-0"] == ("Unhealthy", "XID 79")
                 )
@@ -83,16 +74,16 @@ async def test_driver_death_turns_pods_unknown_at_once_and_recovery_heals(
     async with FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver:
         await driver.set_health({"pool": "pool", "device": "gpu-0", "health": "Healthy"})
         async with manager.DRAHealthManager(cfg):
-            await wait_until(
+            await eventually(
                 lambda: pod_health(api, "train-a").get(f"{DRIVER}/pool/gpu-0") == ("Healthy", "")
             )
             await driver.stop()
-            await wait_until(
+            await eventually(
                 lambda: pod_health(api, "train-a")[f"{DRIVER}/pool/gpu-0"][0] == "Unknown"
             )
             await driver.start()
             await driver.set_health({"pool": "pool", "device": "gpu-0", "health": "Healthy"})
-            await wait_until(
+            await eventually(
                 lambda: pod_health(api, "train-a")[f"{DRIVER}/pool/gpu-0"][0] == "Healthy",
                 timeout=10,
             )
@@ -102,13 +93,7 @@ async def test_node_agent_callback_receives_desired_status(sockdir: pathlib.Path
     from kubelet_dra import claims
 
     updates: list[manager.PodHealthUpdate] = []
-    cfg = settings.Settings(
-        node_name=NODE,
-        plugins_registry=sockdir / "reg",
-        state_dir=sockdir / "state",
-        registry_poll_interval=0.05,
-        write_window=0.01,
-    )
+    cfg = make_settings(tuning=PIPELINE, sockdir=sockdir, node_name=NODE)
     pod = make_pod("agent-pod", NODE, claims=["gpu"])
     pod["metadata"]["uid"] = "uid-1"
     async with (
@@ -123,7 +108,7 @@ async def test_node_agent_callback_receives_desired_status(sockdir: pathlib.Path
         )
         mgr.set_pod(pod)
         await driver.set_health({"pool": "pool", "device": "gpu-7", "health": "Unhealthy"})
-        await wait_until(
+        await eventually(
             lambda: any(
                 d.health is models.HealthStatus.UNHEALTHY
                 for u in updates

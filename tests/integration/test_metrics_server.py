@@ -13,11 +13,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import pytest
 
 from kubelet_dra import errors, metrics
+from kubelet_dra.testing import eventually_sync
 
 STALL = 0.3
 
@@ -28,14 +29,6 @@ def get(url: str) -> tuple[int, str]:
             return int(answer.status), answer.read().decode()
     except urllib.error.HTTPError as exc:
         return int(exc.code), exc.read().decode()
-
-
-def poll(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.01)
 
 
 class Checks:
@@ -107,7 +100,7 @@ def test_healthz_fails_while_the_loop_is_blocked_and_recovers(
     assert get(url(server, "/healthz")) == (200, "ok\n")
     # Block the pipeline's loop (a stand-in for a stuck synchronous call).
     loop.call_soon_threadsafe(time.sleep, 1.5)
-    poll(lambda: get(url(server, "/healthz"))[0] == 503)
+    eventually_sync(lambda: get(url(server, "/healthz"))[0] == 503)
     assert get(url(server, "/healthz")) == (503, "event loop stalled\n")
     # Metrics and readiness are read on the loop: they fail fast rather than hang.
     code, body = get(url(server, "/metrics"))
@@ -115,7 +108,7 @@ def test_healthz_fails_while_the_loop_is_blocked_and_recovers(
     code, body = get(url(server, "/readyz"))
     assert code == 503
     assert json.loads(body)["checks"] == {"loop": "event loop did not answer"}
-    poll(lambda: get(url(server, "/healthz"))[0] == 200)
+    eventually_sync(lambda: get(url(server, "/healthz"))[0] == 200)
 
 
 def test_metrics_are_rendered_in_the_prometheus_text_format(

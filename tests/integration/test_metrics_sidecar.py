@@ -6,21 +6,19 @@ thread, as the metrics server answers through that loop.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import pathlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from prometheus_client import parser
 
-from kubelet_dra import settings
+from kubelet_dra import healthinfo, manager, settings
 from kubelet_dra.sidecar import Sidecar
-from kubelet_dra.testing import FakeApiServer, FakeDriver
+from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 
-from ._driver_fixtures import wait_until
-from ._sidecar_process import DRIVER, cluster, device, health_of, http_get, settings_for
+from ._sidecar_process import DRIVER, device, health_of, http_get, settings_for
 
 FAMILIES = {
     # issue 5: per driver endpoint stream state, reconnects
@@ -30,6 +28,8 @@ FAMILIES = {
     "kubelet_dra_reports": "counter",
     "kubelet_dra_device_updates": "counter",
     "kubelet_dra_refused": "counter",
+    # issue 11: registrations refused by validation (kubelet v1.38), by reason
+    "kubelet_dra_registrations_refused": "counter",
     # devices by health, lease expiries
     "kubelet_dra_devices": "gauge",
     "kubelet_dra_lease_expiries": "counter",
@@ -63,11 +63,7 @@ class Scrape:
         return None
 
 
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        cluster(server)
-        yield server
+pytestmark = pytest.mark.usefixtures("cluster_objects")
 
 
 def config(sockdir: pathlib.Path, api: FakeApiServer, **extra: Any) -> settings.Settings:
@@ -91,17 +87,14 @@ async def scrape(sidecar: Sidecar) -> Scrape:
 async def scrape_until(sidecar: Sidecar, sample: str, at_least: float, **labels: str) -> Scrape:
     """Scrape until ``sample`` reaches ``at_least``: the API shows a write before
     the writer has read the answer and counted it."""
-    found: list[Scrape] = []
 
-    async def reached() -> bool:
-        found.append(await scrape(sidecar))
-        return (found[-1].value(sample, **labels) or 0) >= at_least
+    async def reached() -> Scrape:
+        found = await scrape(sidecar)
+        value = found.value(sample, **labels) or 0
+        assert value >= at_least, f"{sample}{labels} = {value}"
+        return found
 
-    deadline = asyncio.get_running_loop().time() + 5
-    while not await reached():
-        assert asyncio.get_running_loop().time() < deadline, f"{sample}{labels} < {at_least}"
-        await asyncio.sleep(0.02)
-    return found[-1]
+    return await eventually(reached, what=f"{sample}{labels} >= {at_least}")
 
 
 async def probe(sidecar: Sidecar, path: str) -> tuple[int, str]:
@@ -122,7 +115,7 @@ async def test_readyz_is_503_until_the_pod_cache_syncs(
         assert detail["checks"]["store"] == "ok"
         assert detail["checks"]["pods"] in ("pod cache not synced", "not started")
         assert (await probe(sidecar, "/healthz"))[0] == 200
-        await wait_until(lambda: sidecar.manager.readiness().get("claims") == "ok", timeout=5)
+        await eventually(lambda: sidecar.manager.readiness().get("claims") == "ok", timeout=5)
         code, body = await probe(sidecar, "/readyz")
         assert code == 200, body
         assert json.loads(body) == {
@@ -136,7 +129,7 @@ async def test_every_metric_family_is_exported(
 ) -> None:
     await driver.set_health(device("gpu-0"), device("gpu-1"))
     async with Sidecar(config(sockdir, api)) as sidecar:
-        await wait_until(lambda: health_of(api, "train-a", "gpu-0") == "Healthy")
+        await eventually(lambda: health_of(api, "train-a", "gpu-0") == "Healthy")
         found = await scrape(sidecar)
     exported = {name: family.type for name, family in found.families.items()}
     missing = {n: t for n, t in FAMILIES.items() if exported.get(n) != t}
@@ -151,7 +144,7 @@ async def test_metric_values_follow_the_pipeline(
     # first scrape; short enough to wait for in the silence step.
     cfg = config(sockdir, api, health_timeout=2.0)
     async with Sidecar(cfg) as sidecar:
-        await wait_until(lambda: health_of(api, "train-b", "gpu-1") == "Healthy")
+        await eventually(lambda: health_of(api, "train-b", "gpu-1") == "Healthy")
         first = await scrape_until(sidecar, "kubelet_dra_pod_writes_total", 2, result="ok")
         assert first.value("kubelet_dra_reports_total", driver=DRIVER) == 1
         assert first.value("kubelet_dra_device_updates_total", driver=DRIVER) == 2
@@ -166,7 +159,7 @@ async def test_metric_values_follow_the_pipeline(
 
         # A bad report: an entry without a device name is refused and counted.
         await driver.set_health(device("gpu-0", "Unhealthy", message="XID 48"), device(""))
-        await wait_until(lambda: health_of(api, "train-a", "gpu-0") == "Unhealthy")
+        await eventually(lambda: health_of(api, "train-a", "gpu-0") == "Unhealthy")
         ok_before = first.value("kubelet_dra_pod_writes_total", result="ok") or 0
         second = await scrape_until(
             sidecar, "kubelet_dra_pod_writes_total", ok_before + 1, result="ok"
@@ -182,8 +175,8 @@ async def test_metric_values_follow_the_pipeline(
 
         # Silence: the node default lease of 2 s runs out for both devices.
         driver.set_silent(True)
-        await wait_until(lambda: health_of(api, "train-a", "gpu-0") == "Unknown")
-        await wait_until(lambda: health_of(api, "train-b", "gpu-1") == "Unknown")
+        await eventually(lambda: health_of(api, "train-a", "gpu-0") == "Unknown")
+        await eventually(lambda: health_of(api, "train-b", "gpu-1") == "Unknown")
         third = await scrape_until(sidecar, "kubelet_dra_lease_expiries_total", 2)
         assert third.value("kubelet_dra_lease_expiries_total") == 2
         assert third.value("kubelet_dra_devices", driver=DRIVER, health="Unknown") == 2
@@ -191,8 +184,26 @@ async def test_metric_values_follow_the_pipeline(
         # The driver goes away: its stream backs off and reconnects.
         driver.set_silent(False)
         await driver.end_streams("UNAVAILABLE")
-        await wait_until(lambda: driver.calls["NodeWatchResources/v1"] >= 2)
+        await eventually(lambda: driver.calls["NodeWatchResources/v1"] >= 2)
         fourth = await scrape(sidecar)
         assert (fourth.value("kubelet_dra_stream_reconnects_total", driver=DRIVER) or 0) >= 1
         assert fourth.value("kubelet_dra_pending_pods") is not None
         assert fourth.value("kubelet_dra_store_degraded") == 0
+
+
+async def test_cap_and_refused_registrations_are_counted(
+    sockdir: pathlib.Path, api: FakeApiServer, driver: FakeDriver
+) -> None:
+    # kubelet v1.37.2 caps a driver at 16,384 devices; v1.38 validates names.
+    cap = healthinfo.MAX_DEVICES_PER_DRIVER
+    await driver.set_health(device("gpu-0"), *(device(f"extra-{i}") for i in range(cap + 1)))
+    async with FakeDriver("Bad_Name", registry=sockdir / "reg") as bad:
+        async with manager.Sidecar(config(sockdir, api)) as sidecar:
+            await eventually(lambda: health_of(api, "train-a", "gpu-0") == "Healthy")
+            found = await scrape_until(
+                sidecar, "kubelet_dra_refused_total", 2, driver=DRIVER, reason="device_cap"
+            )
+            assert found.value("kubelet_dra_refused_total", driver=DRIVER, reason="device_cap") == 2
+            assert found.value("kubelet_dra_registrations_refused_total", reason="driver_name") == 1
+            assert found.value("kubelet_dra_devices", driver=DRIVER, health="Healthy") == cap
+        assert bad.calls["NodeWatchResources/v1"] == 0  # never streamed from

@@ -5,20 +5,21 @@ from __future__ import annotations
 import contextlib
 import pathlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from kubelet_dra import clock, healthinfo, models, plugins
-from kubelet_dra.testing import fakedriver
+from kubelet_dra.testing import eventually, fakedriver
 
-from ._driver_fixtures import Changes, NoJitter, device, make_settings, register, wait_until
+from ._driver_fixtures import Changes, NoJitter, device, make_settings, register
 
 DRIVER = "gpu.example.com"
 
 
 @contextlib.asynccontextmanager
 async def manager_with(
-    **overrides: object,
+    **overrides: Any,
 ) -> AsyncIterator[tuple[healthinfo.HealthCache, plugins.PluginManager, Changes]]:
     cache, changes = healthinfo.HealthCache(), Changes()
     manager = plugins.PluginManager(
@@ -26,7 +27,7 @@ async def manager_with(
         settings=make_settings(**overrides),
         clock=clock.FakeClock(),
         on_change=changes,
-        rng=NoJitter(),  # type: ignore[arg-type]
+        rng=NoJitter(),
     )
     async with manager:
         yield cache, manager, changes
@@ -39,12 +40,12 @@ async def test_flood_of_identical_reports_stays_up_and_notifies_once(
     async with manager_with() as (_, manager, changes), drv:
         await drv.set_health(device("pool", "gpu-0"))
         await register(manager, drv)
-        await wait_until(lambda: manager.drivers[DRIVER].reports == 1)
+        await eventually(lambda: manager.drivers[DRIVER].reports == 1)
         await drv.push(times=3000)
-        await wait_until(lambda: manager.drivers[DRIVER].reports == 3001, timeout=20)
+        await eventually(lambda: manager.drivers[DRIVER].reports == 3001, timeout=20)
         assert len(changes.calls) == 1
         await drv.set_health(device("pool", "gpu-0", "Unhealthy"))  # still listening
-        await wait_until(lambda: len(changes.calls) == 2)
+        await eventually(lambda: len(changes.calls) == 2)
         assert manager.endpoints[str(drv.dra_socket)].reconnects == 0
 
 
@@ -55,11 +56,11 @@ async def test_message_over_the_size_limit_is_refused_counted_and_the_stream_reo
     async with manager_with(max_message_bytes=4096) as (_, manager, _), drv:
         await drv.set_health(device("pool", "gpu-0"))
         await register(manager, drv)
-        await wait_until(lambda: manager.drivers[DRIVER].reports == 1)
+        await eventually(lambda: manager.drivers[DRIVER].reports == 1)
         await drv.set_health(device("pool", "gpu-0", message="x" * 8000))
         status = manager.endpoints[str(drv.dra_socket)]
-        await wait_until(lambda: manager.refused[DRIVER, "too_large"] == 1)
-        await wait_until(lambda: status.state == plugins.StreamState.BACKOFF)
+        await eventually(lambda: manager.refused[DRIVER, "too_large"] == 1)
+        await eventually(lambda: status.state == plugins.StreamState.BACKOFF)
         assert "RESOURCE_EXHAUSTED" in status.last_error
         assert manager.drivers[DRIVER].reports == 1
 
@@ -69,7 +70,7 @@ async def test_thousands_of_devices_in_one_report(registry: pathlib.Path) -> Non
     async with manager_with() as (cache, manager, changes), drv:
         await drv.set_health(*(device("pool", f"gpu-{i}") for i in range(5000)))
         await register(manager, drv)
-        await wait_until(lambda: len(cache) == 5000)
+        await eventually(lambda: len(cache) == 5000)
         assert len(changes.keys) == 5000
 
 
@@ -78,7 +79,7 @@ async def test_report_over_the_device_limit_is_refused(registry: pathlib.Path) -
     async with manager_with(max_devices_per_report=100) as (cache, manager, _), drv:
         await drv.set_health(*(device("pool", f"gpu-{i}") for i in range(101)))
         await register(manager, drv)
-        await wait_until(lambda: manager.refused[DRIVER, "too_many_devices"] == 1)
+        await eventually(lambda: manager.refused[DRIVER, "too_many_devices"] == 1)
         assert len(cache) == 0
 
 
@@ -96,9 +97,9 @@ async def test_bad_names_and_duplicates_are_counted_and_logged_once_per_reason(
     async with manager_with() as (cache, manager, _), drv:
         await drv.set_health(*bad)
         await register(manager, drv)
-        await wait_until(lambda: manager.drivers[DRIVER].reports == 1)
+        await eventually(lambda: manager.drivers[DRIVER].reports == 1)
         await drv.push(times=9)
-        await wait_until(lambda: manager.drivers[DRIVER].reports == 10)
+        await eventually(lambda: manager.drivers[DRIVER].reports == 10)
         now = 1_700_000_000.0
         gpu1 = cache.get(models.DeviceKey(DRIVER, "pool", "gpu-1"), now)
         gpu2 = cache.get(models.DeviceKey(DRIVER, "pool", "gpu-2"), now)

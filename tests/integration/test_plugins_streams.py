@@ -8,9 +8,9 @@ import pathlib
 import pytest
 
 from kubelet_dra import clock, healthinfo, models, plugins
-from kubelet_dra.testing import fakedriver
+from kubelet_dra.testing import eventually, fakedriver
 
-from ._driver_fixtures import Changes, deregister, device, register, wait_until
+from ._driver_fixtures import Changes, deregister, device, register
 
 Stack = tuple[healthinfo.HealthCache, plugins.PluginManager, Changes]
 GPU0 = models.DeviceKey("gpu.example.com", "pool", "gpu-0")
@@ -32,7 +32,7 @@ async def test_stream_uses_negotiated_version_and_converts_reports(
     async with fakedriver.FakeDriver(registry=registry, health_versions=versions) as drv:
         await drv.set_health(device("pool", "gpu-0", "Unhealthy", message="ECC", timeout_seconds=7))
         await register(manager, drv)
-        await wait_until(lambda: changes.keys == {GPU0})
+        await eventually(lambda: changes.keys == {GPU0})
         record = cache.get(GPU0, fake_clock.now())
         assert (record.health, record.message, record.lease) == ("Unhealthy", "ECC", 7.0)
         assert drv.calls[f"NodeWatchResources/{method}"] == 1
@@ -57,7 +57,7 @@ async def test_unimplemented_is_called_exactly_once(
     async with fakedriver.FakeDriver(registry=registry, unimplemented=True) as drv:
         info = await register(manager, drv)
         status = manager.endpoints[str(drv.dra_socket)]
-        await wait_until(lambda: status.state == plugins.StreamState.UNIMPLEMENTED)
+        await eventually(lambda: status.state == plugins.StreamState.UNIMPLEMENTED)
         fake_clock.advance(3600)  # the kubelet 1.36 would have retried 720 times
         await asyncio.sleep(0.1)  # a window for a wrong retry to show up
         assert drv.calls["NodeWatchResources/v1"] == 1
@@ -78,13 +78,13 @@ async def test_stream_end_marks_devices_unknown_and_notifies_at_once(
     async with fakedriver.FakeDriver(registry=registry) as drv:
         await drv.set_health(device("pool", "gpu-0"))
         await register(manager, drv)
-        await wait_until(lambda: health(cache, GPU0, fake_clock.now()) == "Healthy")
+        await eventually(lambda: health(cache, GPU0, fake_clock.now()) == "Healthy")
         changes.calls.clear()
         await drv.end_streams(code)
-        await wait_until(lambda: changes.calls == [[GPU0]])
+        await eventually(lambda: changes.calls == [[GPU0]])
         assert health(cache, GPU0, fake_clock.now()) == "Unknown"
         status = manager.endpoints[str(drv.dra_socket)]
-        await wait_until(lambda: status.state == plugins.StreamState.BACKOFF)
+        await eventually(lambda: status.state == plugins.StreamState.BACKOFF)
 
 
 async def test_deregistration_cancels_stream_marks_unknown_and_notifies(
@@ -95,13 +95,13 @@ async def test_deregistration_cancels_stream_marks_unknown_and_notifies(
         await drv.set_health(device("pool", "gpu-0"))
         info = await register(manager, drv)
         await drv.wait_for_streams(1)
-        await wait_until(lambda: changes.keys == {GPU0})
+        await eventually(lambda: changes.keys == {GPU0})
         changes.calls.clear()
         await deregister(manager, info)
         assert changes.calls == [[GPU0]]
         assert health(cache, GPU0, fake_clock.now()) == "Unknown"
         assert manager.endpoints == {}
-        await wait_until(lambda: drv.open_streams == 0)
+        await eventually(lambda: drv.open_streams == 0)
 
 
 async def test_reconnect_backoff_doubles_to_the_cap(
@@ -118,7 +118,7 @@ async def test_reconnect_backoff_doubles_to_the_cap(
             await fake_clock.wait_for_sleepers(1)  # the backoff (no lease: no deadline sleeper)
             delays.append(fake_clock.sleep_calls[-1])
             fake_clock.advance(fake_clock.sleep_calls[-1])
-            await wait_until(lambda n=attempt: status.reconnects == n)
+            await eventually(lambda: status.reconnects == attempt)  # noqa: B023  # awaited here
         assert delays == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
         assert drv.calls["NodeWatchResources/v1"] == 7
 
@@ -132,15 +132,15 @@ async def test_backoff_resets_after_a_healthy_period(
         await register(manager, drv)
         status = manager.endpoints[str(drv.dra_socket)]
         for attempt in (1, 2):  # two quick failures: 1 s then 2 s
-            await wait_until(lambda: status.state == plugins.StreamState.STREAMING)
+            await eventually(lambda: status.state == plugins.StreamState.STREAMING)
             await drv.end_streams("INTERNAL")
-            await wait_until(lambda: status.state == plugins.StreamState.BACKOFF)
+            await eventually(lambda: status.state == plugins.StreamState.BACKOFF)
             fake_clock.advance(fake_clock.sleep_calls[-1])
-            await wait_until(lambda n=attempt: status.reconnects == n)
-        await wait_until(lambda: status.state == plugins.StreamState.STREAMING)
+            await eventually(lambda: status.reconnects == attempt)  # noqa: B023  # awaited here
+        await eventually(lambda: status.state == plugins.StreamState.STREAMING)
         fake_clock.advance(61)  # streamed longer than stream_backoff_reset_after
         await drv.end_streams("INTERNAL")
-        await wait_until(lambda: status.state == plugins.StreamState.BACKOFF)
+        await eventually(lambda: status.state == plugins.StreamState.BACKOFF)
         assert fake_clock.sleep_calls[-1] == 1.0
 
 
@@ -154,11 +154,11 @@ async def test_rolling_upgrade_old_endpoint_end_keeps_new_endpoint_devices(
     async with old, new:
         await old.set_health(device("pool", "gpu-0"), device("pool", "gpu-1"))
         old_info = await register(manager, old)
-        await wait_until(lambda: changes.keys == {GPU0, gpu1})
+        await eventually(lambda: changes.keys == {GPU0, gpu1})
         # The new pod starts and reports gpu-0 (now owned by it); gpu-1 only the old one had.
         await new.set_health(device("pool", "gpu-0", "Unhealthy"))
         await register(manager, new)
-        await wait_until(lambda: health(cache, GPU0, fake_clock.now()) == "Unhealthy")
+        await eventually(lambda: health(cache, GPU0, fake_clock.now()) == "Unhealthy")
         changes.calls.clear()
         await deregister(manager, old_info)
         assert changes.calls == [[gpu1]]
@@ -173,14 +173,14 @@ async def test_lease_expires_at_the_deadline_without_another_report(
     async with fakedriver.FakeDriver(registry=registry) as drv:
         await drv.set_health(device("pool", "gpu-0", timeout_seconds=10))
         await register(manager, drv)
-        await wait_until(lambda: changes.keys == {GPU0})
+        await eventually(lambda: changes.keys == {GPU0})
         changes.calls.clear()
         await fake_clock.wait_for_sleepers(1)
         fake_clock.advance(9.9)
         await asyncio.sleep(0.05)  # a window for an early expiry to show up
         assert changes.calls == []
         fake_clock.advance(0.2)  # just past the deadline: the stream is still open and silent
-        await wait_until(lambda: changes.calls == [[GPU0]])
+        await eventually(lambda: changes.calls == [[GPU0]])
         assert health(cache, GPU0, fake_clock.now()) == "Unknown"
         assert manager.lease_expiries == 1
 
@@ -192,19 +192,19 @@ async def test_deadline_task_wakes_early_for_a_nearer_deadline(
     async with fakedriver.FakeDriver(registry=registry) as drv:
         await drv.set_health(device("pool", "gpu-0", timeout_seconds=100))
         await register(manager, drv)
-        await wait_until(lambda: changes.keys == {GPU0})
+        await eventually(lambda: changes.keys == {GPU0})
         await fake_clock.wait_for_sleepers(1)
         await drv.set_health(
             device("pool", "gpu-0", timeout_seconds=100), device("pool", "gpu-1", timeout_seconds=5)
         )
         gpu1 = models.DeviceKey("gpu.example.com", "pool", "gpu-1")
-        await wait_until(lambda: gpu1 in changes.keys)
+        await eventually(lambda: gpu1 in changes.keys)
         changes.calls.clear()
-        await wait_until(
+        await eventually(
             lambda: (
                 fake_clock.sleepers == 1 and 5.0 in [round(s, 1) for s in fake_clock.sleep_calls]
             )
         )
         fake_clock.advance(5.1)
-        await wait_until(lambda: changes.calls == [[gpu1]])
+        await eventually(lambda: changes.calls == [[gpu1]])
         assert health(cache, GPU0, fake_clock.now()) == "Healthy"

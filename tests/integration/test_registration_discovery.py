@@ -9,13 +9,14 @@ import os
 import pathlib
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from kubelet_dra import clock, registration, settings
-from kubelet_dra.testing import fakedriver
+from kubelet_dra.testing import eventually, fakedriver
 
-from ._driver_fixtures import Events, make_settings, wait_until
+from ._driver_fixtures import Events, make_settings
 
 OBSERVER, OWNER = settings.Role.OBSERVER, settings.Role.OWNER
 
@@ -27,12 +28,13 @@ async def watching(
     role: settings.Role = OBSERVER,
     clk: clock.Clock | None = None,
     static: tuple[registration.PluginInfo, ...] = (),
+    **overrides: Any,
 ) -> AsyncIterator[tuple[registration.RegistryWatcher, Events]]:
     events = Events()
     watcher = registration.RegistryWatcher(
         registry,
         role=role,
-        settings=make_settings(),
+        settings=make_settings(**overrides),
         clock=clk or clock.SystemClock(),
         on_event=events,
         static=static,
@@ -71,19 +73,37 @@ async def test_existing_socket_at_start_registers_as_observer_without_notifying(
 
 
 async def test_owner_notifies_registration_once(registry: pathlib.Path) -> None:
-    async with fakedriver.FakeDriver(registry=registry) as drv, watching(registry, role=OWNER):
-        await wait_until(lambda: drv.notifications == [(True, "")])
+    first = fakedriver.FakeDriver(registry=registry)
+    async with first as drv, watching(registry, role=OWNER) as (watcher, events):
+        # Present at start: registered and notified before the watcher's start returned.
+        assert drv.notifications == [(True, "")]
+        for _ in range(3):
+            await watcher.scan_once()  # rescans of an unchanged socket tell it nothing new
+        # A later registration is the end of the period watched: the first driver's entry
+        # comes first in every scan, so a repeat registration of it would have been
+        # started, and seen, before the second driver's.
+        async with fakedriver.FakeDriver(registry=registry, name="nic.example.com") as later:
+            await eventually(
+                lambda: later.notifications and events.kinds("nic.example.com"),
+                what="the later driver's notification and registration",
+            )
+            assert drv.notifications == [(True, "")]
+            assert drv.calls["GetInfo"] == 1
+            assert events.kinds(drv.name) == ["register"]
+            assert later.notifications == [(True, "")]
 
 
 async def test_new_removed_and_recreated_sockets(registry: pathlib.Path) -> None:
     async with watching(registry) as (_, events):
         drv = fakedriver.FakeDriver(registry=registry / "nested")  # recursive watch
         await drv.start()
-        await wait_until(lambda: events.kinds() == ["register"], timeout=1.0)
+        await eventually(lambda: events.kinds() == ["register"], timeout=1.0)
         await drv.restart()  # same path, new inode
-        await wait_until(lambda: events.kinds() == ["register", "deregister", "register"], 1.0)
+        await eventually(
+            lambda: events.kinds() == ["register", "deregister", "register"], timeout=1.0
+        )
         await drv.stop()
-        await wait_until(lambda: events.kinds()[-1] == "deregister", timeout=1.0)
+        await eventually(lambda: events.kinds()[-1] == "deregister", timeout=1.0)
         assert len(events.events) == 4
 
 
@@ -111,16 +131,33 @@ async def test_hidden_and_non_socket_files_are_ignored(registry: pathlib.Path) -
         ({"plugin_type": "CSIPlugin"}, "plugin type 'CSIPlugin' is not 'DRAPlugin'"),
         ({"supported_versions": []}, "empty list of supported gRPC services"),
         ({"supported_versions": ["v1.DRAResourceHealth"]}, "none of the supported gRPC"),
+        # kubelet v1.38 validation of the name and the endpoint.
+        ({"name": "gpu_example.com"}, "invalid DRA driver name 'gpu_example.com'"),
+        ({"advertised_endpoint": "run/dra.sock"}, "must be an absolute path"),
+        ({"advertised_endpoint": "/plugins/%2e%2e/evil.sock"}, "must be a plain path"),
+        ({"advertised_endpoint": "/" + "x" * 107}, "must not be longer than 108 bytes"),
     ],
-    ids=["other-type", "empty-versions", "no-dra-service"],
+    ids=[
+        "other-type",
+        "empty-versions",
+        "no-dra-service",
+        "bad-name",
+        "relative-endpoint",
+        "percent-encoded-dotdot",
+        "108-byte-endpoint",
+    ],
 )
 async def test_invalid_plugins_are_refused_once_and_told_so_by_an_owner(
-    registry: pathlib.Path, kwargs: dict[str, object], reason: str, caplog: pytest.LogCaptureFixture
+    registry: pathlib.Path, kwargs: dict[str, Any], reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = clock.FakeClock()
-    driver = fakedriver.FakeDriver(registry=registry, **kwargs)  # type: ignore[arg-type]
-    async with driver as drv, watching(registry, role=OWNER, clk=fake) as (watcher, events):
-        await wait_until(lambda: str(drv.registration_socket) in watcher.failures)
+    driver = fakedriver.FakeDriver(registry=registry, **kwargs)
+    # A GetInfo timeout on a loaded machine would be a different (retried) failure.
+    async with (
+        driver as drv,
+        watching(registry, role=OWNER, clk=fake, get_info_timeout=5.0) as (watcher, events),
+    ):
+        await eventually(lambda: str(drv.registration_socket) in watcher.failures)
         assert reason in watcher.failures[str(drv.registration_socket)]
         fake.advance(3600)
         for _ in range(5):
@@ -128,6 +165,12 @@ async def test_invalid_plugins_are_refused_once_and_told_so_by_an_owner(
         assert drv.calls["GetInfo"] == 1  # parked: its answer will not change
         assert events.events == []
         assert drv.notifications[0][0] is False and reason in drv.notifications[0][1]
+        assert sum(watcher.refused.values()) == 1  # counted once, by its reason
+        # The watcher keeps serving: a good driver beside it registers.
+        good = fakedriver.FakeDriver("good.example.com", registry=registry)
+        async with good:
+            await eventually(lambda: events.kinds() == ["register"])
+            assert events.events[0].plugin.driver == "good.example.com"
     assert sum(reason in r.getMessage() for r in caplog.records) == 1
 
 
@@ -147,7 +190,7 @@ async def test_socket_without_server_is_retried_with_backoff_and_logged_once(
             assert entry.attempts == 1
             for attempts, step in ((2, 0.6), (3, 1.2), (4, 2.4), (5, 4.8)):  # 0.5 s doubling
                 fake.advance(step)
-                await wait_until(lambda n=attempts: entry.attempts == n)
+                await eventually(lambda: entry.attempts == attempts)  # noqa: B023  # awaited here
             assert events.events == []
     finally:
         sock.close()
@@ -167,8 +210,8 @@ async def test_hanging_get_info_times_out_without_blocking_other_drivers(
     try:
         async with watching(registry) as (watcher, events):
             async with fakedriver.FakeDriver(registry=registry):
-                await wait_until(lambda: events.kinds() == ["register"], timeout=1.0)
-            await wait_until(lambda: hung_path in watcher.failures, timeout=2.0)
+                await eventually(lambda: events.kinds() == ["register"], timeout=1.0)
+            await eventually(lambda: hung_path in watcher.failures, timeout=2.0)
             assert "DEADLINE_EXCEEDED" in watcher.failures[hung_path]
     finally:
         for writer in writers:

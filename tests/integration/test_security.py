@@ -25,10 +25,10 @@ import sys
 import time
 
 from kubelet_dra import clock, healthinfo, models, plugins, registration
-from kubelet_dra.testing import FakeApiServer, FakeDriver
+from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 from kubelet_dra.testing._fakedriver_control import FakeDriverClient
 
-from ._driver_fixtures import Changes, make_settings, wait_until
+from ._driver_fixtures import Changes, make_settings, rss_mb
 from ._sidecar_process import DRIVER, SidecarProcess, cluster, device, health_of, http_get
 
 
@@ -84,10 +84,13 @@ async def test_full_verbose_run_leaks_no_secret_and_opens_only_the_metrics_port(
                 inodes = _socket_inodes(sidecar.proc.pid)
                 listeners = _tcp_listeners(inodes)
                 unix = _unix_listeners(inodes)
-                deadline = time.monotonic() + 20
-                while (answer := await http_get(url + "/readyz"))[0] != 200:
-                    assert time.monotonic() < deadline, answer
-                    await asyncio.sleep(0.05)
+
+                async def ready() -> bool:
+                    answer = await http_get(url + "/readyz")
+                    assert answer[0] == 200, answer
+                    return True
+
+                await eventually(ready, what="/readyz 200", timeout=20, interval=0.05)
                 running = {
                     p.name: stat.S_IMODE(p.stat().st_mode) for p in (sockdir / "state").iterdir()
                 }
@@ -169,15 +172,15 @@ async def test_report_flood_from_another_process_keeps_memory_bounded(
             FakeDriverClient(control) as client,
         ):
             await mgr.handle(registration.PluginEvent(registration.EventKind.REGISTER, info))
-            await wait_until(lambda: len(cache) == 500, timeout=10)
-            before = peak = _rss_mb()
+            await eventually(lambda: len(cache) == 500, timeout=10)
+            before = peak = rss_mb()
             await client.request("push", times=2000)
             started = time.monotonic()
             await client.request(
                 "set_health", devices=[{"pool": "p", "device": "d0", "health": "Unhealthy"}]
             )
             while cache.get(_key(ready["driver"]), time.time()).health.value != "Unhealthy":
-                peak = max(peak, _rss_mb())
+                peak = max(peak, rss_mb())
                 assert time.monotonic() - started < 60, "the flood was never worked off"
                 await asyncio.sleep(0.01)
             reports = mgr.drivers[ready["driver"]].reports
@@ -210,14 +213,6 @@ async def test_concurrent_streams_per_driver_are_bounded(sockdir: pathlib.Path) 
         assert len(mgr.endpoints) == plugins.MAX_ENDPOINTS_PER_DRIVER
         assert mgr.refused[drv.name, "too_many_endpoints"] == 20 - plugins.MAX_ENDPOINTS_PER_DRIVER
         assert drv.open_streams == plugins.MAX_ENDPOINTS_PER_DRIVER
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def _key(driver: str) -> models.DeviceKey:

@@ -6,25 +6,21 @@ import asyncio
 import json
 import pathlib
 import signal
-import subprocess
-import sys
 
 from kubelet_dra.testing import FakeApiServer, FakeDriver
 
-from ._sidecar_process import DRIVER, ROOT, SidecarProcess, base_env, cluster, device, health_of
+from ._sidecar_process import (
+    DRIVER,
+    SidecarProcess,
+    cluster,
+    device,
+    health_of,
+    run_python,
+)
 
 
 def test_demo_plays_every_step_and_exits_0() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "kubelet_dra", "demo", "--duration", "8"],
-        cwd=ROOT,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_python("-m", "kubelet_dra", "demo", "--duration", "8")
     assert "summary: 7/7 steps seen in the API" in done.stdout
     assert "NOT SEEN" not in done.stdout
     # The YAML excerpt shows the driver's message where kubectl would.

@@ -13,7 +13,6 @@ import json
 import pathlib
 import signal
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -27,18 +26,12 @@ from ._sidecar_process import (
     ROOT,
     SidecarProcess,
     base_env,
-    cluster,
     device,
     health_of,
     pod_health,
 )
 
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        cluster(server)
-        yield server
+pytestmark = pytest.mark.usefixtures("cluster_objects")
 
 
 def state_records(state_dir: pathlib.Path) -> dict[models.DeviceKey, models.DeviceHealth]:

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from kubelet_dra import store
 
 ROUNDS = int(os.environ.get("KUBELET_DRA_CRASH_ROUNDS", "50"))
@@ -75,15 +77,22 @@ def run_round(state_dir: pathlib.Path, start: int, rng: random.Random) -> int:
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "ready"
-    time.sleep(rng.uniform(0.0, 0.15))  # a random point in the write loop, not a timing check
-    child.send_signal(signal.SIGKILL)
-    out, _ = child.communicate()
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.15))  # a random point in the write loop, not a timing check
+    finally:
+        # Killed here in every case: a child left running (the test failed or timed out
+        # while it started) would fail whichever test runs next with a ResourceWarning.
+        child.send_signal(signal.SIGKILL)
+        out, _ = child.communicate()
     acked = [int(line) for line in out.split()]
     return acked[-1] if acked else start - 1
 
 
+# 50 child interpreters: each starts in well under a second, but eight test runs sharing
+# two cores have taken more than the default 60 s for all of them.
+@pytest.mark.timeout(300)
 def test_sigkill_at_random_points_leaves_a_committed_prefix(tmp_path: pathlib.Path) -> None:
     rng = random.Random(4680)
     state_dir = tmp_path / "state"

@@ -10,11 +10,12 @@ import asyncio
 import logging
 import pathlib
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import pytest
 
 from kubelet_dra import _streams, clock, healthinfo, models, plugins
-from kubelet_dra.testing import fakedriver
+from kubelet_dra.testing import eventually, fakedriver
 
 from ._driver_fixtures import (
     Changes,
@@ -23,7 +24,6 @@ from ._driver_fixtures import (
     make_settings,
     plugin_of,
     register,
-    wait_until,
 )
 
 StreamState = _streams.StreamState
@@ -40,7 +40,7 @@ def _watch(
         status,
         settings=make_settings(),
         clock=fake_clock,
-        rng=NoJitter(),  # type: ignore[arg-type]
+        rng=NoJitter(),
     )
     return status, events
 
@@ -126,11 +126,11 @@ async def test_a_bug_applying_an_event_is_logged_once_and_the_stream_goes_on(
     failures: list[int] = []
     real_update = cache.update
 
-    def update_failing_twice(*args: object, **kwargs: object) -> list[models.DeviceKey]:
+    def update_failing_twice(*args: Any, **kwargs: Any) -> list[models.DeviceKey]:
         if len(failures) < 2:
             failures.append(1)
             raise RuntimeError("bug")
-        return real_update(*args, **kwargs)  # type: ignore[arg-type]
+        return real_update(*args, **kwargs)
 
     monkeypatch.setattr(cache, "update", update_failing_twice)
     manager = plugins.PluginManager(
@@ -139,9 +139,9 @@ async def test_a_bug_applying_an_event_is_logged_once_and_the_stream_goes_on(
     async with manager, fakedriver.FakeDriver(registry=registry) as drv:
         await drv.set_health(device("pool", "gpu-0"))
         await register(manager, drv)
-        await wait_until(lambda: len(failures) == 1)
+        await eventually(lambda: len(failures) == 1)
         await drv.push(times=2)
-        await wait_until(lambda: bool(changes.calls))
+        await eventually(lambda: bool(changes.calls))
         status = manager.endpoints[str(drv.dra_socket)]
         assert state(status) is StreamState.STREAMING and status.reconnects == 0
     tracebacks = [r for r in caplog.records if "applying a stream event failed" in r.message]

@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import pathlib
+from typing import Any
 
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1
 from kubelet_dra.commands import watch
@@ -14,7 +15,7 @@ from kubelet_dra.testing import fakedriver
 from ._driver_fixtures import device
 
 
-def json_lines(out: io.StringIO) -> list[dict[str, object]]:
+def json_lines(out: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
@@ -45,8 +46,8 @@ async def test_once_json_warns_about_enum_and_message_size(registry: pathlib.Pat
     note, report = json_lines(out)
     assert "only advertises v1alpha1" in str(note["note"])
     assert report["service"] == "v1alpha1.DRAResourceHealth"
-    assert report["devices"][0]["health"] == "enum 7"  # type: ignore[index]
-    warnings = " | ".join(report["warnings"])  # type: ignore[arg-type]
+    assert report["devices"][0]["health"] == "enum 7"
+    warnings = " | ".join(report["warnings"])
     assert "health enum value 7 is unknown" in warnings
     assert "message is 2000 bytes" in warnings
 
@@ -80,7 +81,7 @@ def test_advisor_warns_when_resend_is_slower_than_the_lease() -> None:
             devices=[
                 v1.DeviceHealth(
                     device=v1.DeviceIdentifier(pool_name="p", device_name=n),
-                    health=1,
+                    health=v1.HEALTHY,
                     health_check_timeout_seconds=10,
                 )
                 for n in names

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kubelet_dra import podstatus
-from tests.integration import test_kube_harness as h
+from kubelet_dra.testing import eventually
+from tests.integration import _kube_harness as h
 
 H = h.H
 
@@ -11,11 +12,11 @@ H = h.H
 async def test_unhealthy_device_shows_in_pod_status_and_condition() -> None:
     async with h.running() as t:
         t.pod_with_gpu("p1", "gpu-0", "gpu-1")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         t.report("gpu-0", H.UNHEALTHY, "ECC errors")
         t.report("gpu-1", H.HEALTHY)
         expected = {f"{h.DRV}/pool/gpu-0": "Unhealthy", f"{h.DRV}/pool/gpu-1": "Healthy"}
-        await h.eventually(lambda: t.healths("p1") == expected)
+        await eventually(lambda: t.healths("p1") == expected)
         entry = t.entries("p1")[0]
         assert entry["name"] == "claim:gpu"
         assert {
@@ -31,9 +32,9 @@ async def test_unhealthy_device_shows_in_pod_status_and_condition() -> None:
 async def test_writes_only_on_real_difference_and_keeps_other_status() -> None:
     async with h.running() as t:
         t.pod_with_gpu("p1", "gpu-0")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         t.report("gpu-0", H.HEALTHY)
-        await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Healthy"})
+        await eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Healthy"})
         await h.settled(t)
         writes = len(t.server.status_writes())
         pod = t.server.get_pod("default", "p1")
@@ -54,10 +55,10 @@ async def test_pod_on_another_node_is_never_written() -> None:
     async with h.running() as t:
         t.pod_with_gpu("mine", "gpu-0")
         other = t.pod_with_gpu("theirs", "gpu-0", node="node-2")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         t.writer.mark_dirty({other["metadata"]["uid"]})
         t.report("gpu-0", H.UNHEALTHY)
-        await h.eventually(lambda: bool(t.healths("mine")))
+        await eventually(lambda: bool(t.healths("mine")))
         await h.settled(t)
         assert t.server.status_writes(name="theirs") == []
         assert t.index.pod(other["metadata"]["uid"]) is None

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import random
+from typing import Any
 
 import pytest
 
 from kubelet_dra import claims, clock, healthinfo, kube, models, podstatus
-from kubelet_dra.testing import fakeapi
-from tests.integration import test_kube_harness as h
+from kubelet_dra.testing import eventually, fakeapi
+from tests.integration import _kube_harness as h
+from tests.integration._driver_fixtures import WRITER, make_settings
 
 H = h.H
 STATUS = r"/pods/[^/]+/status$"
@@ -17,11 +19,11 @@ STATUS = r"/pods/[^/]+/status$"
 
 async def _converges(t: h.Harness) -> None:
     t.pod_with_gpu("p1", "gpu-0")
-    await h.eventually(lambda: t.pods.claims_synced)
+    await eventually(lambda: t.pods.claims_synced)
     t.report("gpu-0", H.UNHEALTHY, "bad")
-    await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+    await eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
     t.report("gpu-0", H.HEALTHY)
-    await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Healthy"})
+    await eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Healthy"})
 
 
 async def test_conflict_on_first_write_rereads_and_reapplies() -> None:
@@ -35,19 +37,19 @@ async def test_conflict_on_first_write_rereads_and_reapplies() -> None:
 async def test_kubelet_write_between_read_and_write_is_not_clobbered() -> None:
     async with h.running() as t:
         t.pod_with_gpu("p1", "gpu-0")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         t.report("gpu-0", H.HEALTHY)
-        await h.eventually(lambda: bool(t.healths("p1")))
+        await eventually(lambda: bool(t.healths("p1")))
         await h.settled(t)
         # The kubelet bumps restartCount; our stale cached copy must not undo it.
         t.server.update_pod("default", "p1", _bump_restart)
         t.report("gpu-0", H.UNHEALTHY)
-        await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+        await eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
         pod = t.server.get_pod("default", "p1")
         assert pod["status"]["containerStatuses"][0]["restartCount"] == 1
 
 
-def _bump_restart(pod: dict) -> dict:  # type: ignore[type-arg]
+def _bump_restart(pod: dict[str, Any]) -> dict[str, Any]:
     pod["status"]["containerStatuses"][0]["restartCount"] = 1
     return pod
 
@@ -74,17 +76,23 @@ async def test_dropped_connections_are_retried() -> None:
     async with h.running() as t:
         t.server.drop_connection("PATCH", STATUS, times=2)
         await _converges(t)
+        answers = [r.status for r in t.server.status_writes("default", "p1")]
+        # The first two PATCHes were cut off unanswered (status 0 in the log), the
+        # writer retried the same write at once rather than giving it up for a round.
+        assert answers[:3] == [0, 0, 200], answers
+        assert t.writer.stats.results["retried"] >= 2
+        assert t.writer.stats.results["failed"] == 0
 
 
 async def test_outage_longer_than_the_retries_still_ends_with_the_last_state() -> None:
     async with h.running() as t:
         fault = t.server.fail("PATCH", STATUS, code=503, times=None)
         t.pod_with_gpu("p1", "gpu-0")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         t.report("gpu-0", H.UNHEALTHY)
-        await h.eventually(lambda: t.writer.stats.results["failed"] >= 1, timeout=10)
+        await eventually(lambda: t.writer.stats.results["failed"] >= 1, timeout=10)
         t.server.clear_fault(fault)
-        await h.eventually(
+        await eventually(
             lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"}, timeout=10
         )
 
@@ -97,7 +105,7 @@ async def test_pod_replaced_under_the_same_name_mid_write_is_dropped_not_retried
     # StatefulSet replica, say) and the watch has not told us yet. The write's
     # uid test fails (422), the re-read finds another UID: the old pod is gone.
     with fakeapi.FakeApiServer() as server:
-        t = h.Harness(server, h.make_settings())
+        t = h.Harness(server, make_settings(tuning=WRITER))
         try:
             old = t.pod_with_gpu("p1", "gpu-0")
             t.index.set_pod(old)
@@ -137,7 +145,7 @@ async def test_transient_failures_of_one_pod_back_off_exponentially_with_a_cap()
         client = server.api_client()
         writer = kube.StatusWriter(
             api=kube.Api(client), node_name=h.NODE, index=index, health=cache.get,
-            config=h.make_settings(), clock=fake, max_attempts=1, rng=random.Random(4),
+            config=make_settings(tuning=WRITER), clock=fake, max_attempts=1, rng=random.Random(4),
         )  # fmt: skip
 
         def report(health: models.HealthStatus) -> None:
@@ -187,9 +195,9 @@ async def test_refused_init_container_entries_are_planned_away_not_resent() -> N
         pod["status"]["initContainerStatuses"] = [fakeapi.container_status("side")]
         t.server.fail("PATCH", STATUS, code=422, times=1)
         t.server.create_pod(pod)
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         t.report("gpu-0", H.UNHEALTHY, "bad")
-        await h.eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+        await eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
         status = t.server.get_pod("default", "p1")["status"]
         assert podstatus.container_entries(status, claims.INIT_CONTAINERS, "side") == []
         refused = [r for r in t.server.status_writes() if r.status == 422]

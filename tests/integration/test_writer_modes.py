@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from kubelet_dra import settings
-from kubelet_dra.testing import fakeapi
-from tests.integration import test_kube_harness as h
+from kubelet_dra.testing import eventually, fakeapi
+from tests.integration import _kube_harness as h
 
 H = h.H
 AUTO, ON, OFF = (settings.ContainerStatusMode(m) for m in ("auto", "on", "off"))
@@ -14,9 +14,9 @@ AUTO, ON, OFF = (settings.ContainerStatusMode(m) for m in ("auto", "on", "off"))
 
 async def _healthy_pod(t: h.Harness) -> None:
     t.pod_with_gpu("p1", "gpu-0")
-    await h.eventually(lambda: t.pods.claims_synced)
+    await eventually(lambda: t.pods.claims_synced)
     t.report("gpu-0", H.UNHEALTHY, "bad")
-    await h.eventually(lambda: bool(t.healths("p1")) or t.writer.stats.gate_off)
+    await eventually(lambda: bool(t.healths("p1")) or t.writer.stats.gate_off)
 
 
 async def _kubelet_rewrites(t: h.Harness, times: int) -> int:
@@ -25,7 +25,7 @@ async def _kubelet_rewrites(t: h.Harness, times: int) -> int:
     uid = t.server.get_pod("default", "p1")["metadata"]["uid"]
     for _ in range(times):
         rv = int(t.server.kubelet_write("default", "p1")["metadata"]["resourceVersion"])
-        await h.eventually(lambda rv=rv: _seen_rv(t, uid) >= rv)  # the watch delivered it
+        await eventually(lambda: _seen_rv(t, uid) >= rv)  # noqa: B023  # the watch delivered it
         await h.settled(t, quiet=0.08)
     return len(t.server.status_writes(name="p1")) - before
 
@@ -67,9 +67,9 @@ async def test_auto_mode_leaves_cdi_entries_of_a_health_aware_kubelet_alone() ->
             return statuses
 
         t.server.kubelet_write("default", "p1", kubelet)
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         t.report("gpu-0", H.UNHEALTHY)
-        await h.eventually(lambda: (t.condition("p1") or {}).get("status") == "False")
+        await eventually(lambda: (t.condition("p1") or {}).get("status") == "False")
         await h.settled(t)
         assert t.entries("p1") == [entry]
         for record in t.server.status_writes(name="p1"):
@@ -80,11 +80,11 @@ async def test_auto_mode_leaves_cdi_entries_of_a_health_aware_kubelet_alone() ->
 
 async def test_off_mode_writes_only_the_condition() -> None:
     async with h.running(container_status=OFF) as t:
-        await h.eventually(lambda: True)
+        await eventually(lambda: True)
         t.pod_with_gpu("p1", "gpu-0")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         t.report("gpu-0", H.UNHEALTHY)
-        await h.eventually(lambda: (t.condition("p1") or {}).get("status") == "False")
+        await eventually(lambda: (t.condition("p1") or {}).get("status") == "False")
         assert t.entries("p1") == []
 
 
@@ -93,15 +93,15 @@ async def test_gate_off_is_detected_once_and_the_field_is_no_longer_sent() -> No
         t.server.health_gate = False
         for n in range(3):
             t.pod_with_gpu(f"p{n}", f"gpu-{n}")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         for n in range(3):
             t.report(f"gpu-{n}", H.UNHEALTHY)
-        await h.eventually(lambda: t.writer.stats.gate_off)
+        await eventually(lambda: t.writer.stats.gate_off)
         await h.settled(t)
         writes = len(t.server.status_writes())
         for n in range(3):
             t.report(f"gpu-{n}", H.HEALTHY)
-        await h.eventually(lambda: all((t.condition(f"p{n}") or {}).get("status") == "True"
+        await eventually(lambda: all((t.condition(f"p{n}") or {}).get("status") == "True"
                                        for n in range(3)))  # fmt: skip
         await h.settled(t)
         later = t.server.status_writes()[writes:]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from kubelet_dra import claims, models
-from kubelet_dra.testing import fakeapi
-from tests.integration import test_kube_harness as h
+from kubelet_dra.testing import eventually, fakeapi
+from tests.integration import _kube_harness as h
 
 H = h.H
 CDI = "gpu.example.com/gpu=gpu-0"
@@ -27,12 +27,12 @@ async def test_failed_pod_gets_health_at_failure_after_its_claim_is_gone() -> No
             t.index.add_prepared_claim(namespace="default", name="gpu", devices=[device]).pods
         )
         t.report("gpu-0", H.HEALTHY)
-        await h.eventually(lambda: t.healths("job-0") == {CDI: "Healthy"})
+        await eventually(lambda: t.healths("job-0") == {CDI: "Healthy"})
         # The device fails, the pod fails with it, and the claim is unprepared at once.
         t.cache.update(h.DRV, [models.DeviceReport("pool", "gpu-0", H.UNHEALTHY, "Xid 79")],
                        now=t.clock.now())  # fmt: skip
         t.server.update_pod("default", "job-0", _failed)
-        await h.eventually(lambda: t.writer.has_record(uid))
+        await eventually(lambda: t.writer.has_record(uid))
         t.writer.mark_dirty(t.index.remove_prepared_claim(namespace="default", name="gpu").pods)
         t.report("gpu-0", H.HEALTHY)  # the device recovers after the pod is gone
         await h.settled(t)
@@ -49,32 +49,32 @@ async def test_terminated_records_are_bounded_and_expire() -> None:
         for name in ("a", "b"):
             uids.append(t.pod_with_gpu(name, f"gpu-{name}")["metadata"]["uid"])
             t.server.update_pod("default", name, _failed)
-        await h.eventually(lambda: t.writer.has_record(uids[1]))
+        await eventually(lambda: t.writer.has_record(uids[1]))
         assert not t.writer.has_record(uids[0])
         assert t.writer.stats.postmortem_records == 1
         # Records are memory, not schedule: the first round after the TTL drops them.
         expires = t.clock.now() + 0.3
-        await h.eventually(lambda: t.clock.now() > expires)
+        await eventually(lambda: t.clock.now() > expires)
         t.report("gpu-b", H.HEALTHY)
-        await h.eventually(lambda: not t.writer.has_record(uids[1]), timeout=3)
+        await eventually(lambda: not t.writer.has_record(uids[1]), timeout=3)
 
 
 async def test_transitions_become_aggregated_rate_limited_events() -> None:
     async with h.running(event_interval=0.3) as t:
         t.pod_with_gpu("p1", "gpu-0")
-        await h.eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.pods.claims_synced)
         for health in (H.HEALTHY, H.UNHEALTHY, H.HEALTHY, H.UNHEALTHY, H.HEALTHY, H.UNHEALTHY):
             t.report("gpu-0", health)
-            await h.eventually(lambda health=health: str(health) in t.healths("p1").values())
+            await eventually(lambda: str(health) in t.healths("p1").values())  # noqa: B023
 
         def unhealthy() -> list[dict[str, Any]]:
             return [e for e in t.server.events() if e["reason"] == "DeviceUnhealthy"]
 
-        await h.eventually(lambda: bool(unhealthy()) and unhealthy()[0]["count"] == 3)
+        await eventually(lambda: bool(unhealthy()) and unhealthy()[0]["count"] == 3)
         assert len(unhealthy()) == 1  # one Event object, counted, not three
         healthy = [e for e in t.server.events() if e["reason"] == "DeviceHealthy"]
         assert len(healthy) == 1
         assert healthy[0]["involvedObject"]["name"] == "p1"
         # First sight of a Healthy device is no transition: two Healthy flips, not three.
-        await h.eventually(lambda: [e["count"] for e in t.server.events()
+        await eventually(lambda: [e["count"] for e in t.server.events()
                                     if e["reason"] == "DeviceHealthy"] == [2])  # fmt: skip

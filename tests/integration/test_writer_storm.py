@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 
-from tests.integration import test_kube_harness as h
+from kubelet_dra.testing import eventually
+from tests.integration import _kube_harness as h
 
 H = h.H
 PODS = 40
@@ -18,7 +19,7 @@ async def test_storm_ends_exact_with_at_most_one_write_per_pod_per_round() -> No
         names = [f"p{i}" for i in range(PODS)]
         for i, name in enumerate(names):
             t.pod_with_gpu(name, *(f"gpu-{i}-{d}" for d in range(DEVICES_PER_POD)))
-        await h.eventually(lambda: t.pods.claims_synced, timeout=10)
+        await eventually(lambda: t.pods.claims_synced, timeout=10)
         rng = random.Random(7)
         final: dict[str, H] = {}
         for n in range(REPORTS):

@@ -1,7 +1,8 @@
 """Build the Go binaries of the interop tests once per version into a cache directory.
 
 Each artifact is a small Go module under ``tests/interop`` (the two scripted test drivers,
-kube-apiserver, etcd). A binary is stored under
+kube-apiserver, etcd, and kube-scheduler plus kube-controller-manager for the taint proofs).
+A binary is stored under
 ``<cache>/<name>-<upstream version>/<source hash>/<binary>``, where ``<cache>`` is
 ``$KUBELET_DRA_INTEROP_CACHE`` or ``~/.cache/kubelet-dra/interop`` and the source hash covers
 the module's go.mod, go.sum and Go files plus the Go version, so a second run reuses the
@@ -11,6 +12,9 @@ binary and an edit of the driver rebuilds it. The Go module and build caches sta
 If ``go`` is missing, or the modules cannot be downloaded (no module proxy), ``ensure``
 raises :class:`BuildUnavailable` with a reason meant for ``pytest.skip``; a compile error
 raises :class:`BuildFailed`, which should fail the run.
+
+The command-line tools of the deploy tests (helm, promtool; :data:`TOOL_ARTIFACTS`) are
+built the same way from modules under ``tests/tools`` that pin an upstream command.
 
 Run ``python tests/interop/_build.py [name ...]`` to prebuild and print the build times.
 """
@@ -30,6 +34,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 INTEROP_DIR = Path(__file__).resolve().parent
+#: Modules of command-line tools the deploy tests run (helm, promtool).
+TOOLS_DIR = INTEROP_DIR.parent / "tools"
 CACHE_ENV = "KUBELET_DRA_INTEROP_CACHE"
 #: Seconds allowed for downloading modules and for one build (kube-apiserver is large).
 DOWNLOAD_TIMEOUT = 900.0
@@ -61,10 +67,17 @@ class GoArtifact:
     #: Other module directories (relative to tests/interop) whose sources the build uses.
     extra_sources: tuple[str, ...] = ()
     ldflags: str = "-s -w"
+    #: The directory ``module`` and ``extra_sources`` are relative to.
+    root: Path = INTEROP_DIR
+    #: The package to build: the module's own main package, or an upstream command that the
+    #: module requires (a ``tool`` line in its go.mod), e.g. ``helm.sh/helm/v4/cmd/helm``.
+    package: str = "."
+    #: Build tags (``go build -tags``), e.g. to leave out parts of a large command.
+    tags: str = ""
 
     @property
     def module_dir(self) -> Path:
-        return INTEROP_DIR / self.module
+        return self.root / self.module
 
 
 def _k8s_ldflags(version: str) -> str:
@@ -101,8 +114,61 @@ ARTIFACTS: dict[str, GoArtifact] = {
             ldflags=_k8s_ldflags("v1.37.2"),
         ),
         GoArtifact("etcd", "v3.7.3", "etcd", "etcd"),
+        GoArtifact(
+            "kube-scheduler",
+            "v1.37.2",
+            "scheduler",
+            "kube-scheduler",
+            ldflags=_k8s_ldflags("v1.37.2"),
+        ),
+        GoArtifact(
+            "kube-controller-manager",
+            "v1.37.2",
+            "controllermanager",
+            "kube-controller-manager",
+            ldflags=_k8s_ldflags("v1.37.2"),
+        ),
     )
 }
+
+#: Command-line tools, built from ``tests/tools/<name>`` (a go.mod that pins the upstream
+#: release with a ``tool`` line, and its go.sum): Helm for the chart in deploy/helm and
+#: promtool for the alerting rules in deploy/monitoring.
+HELM_VERSION = "v4.3.2"
+PROMETHEUS_VERSION = "v0.316.0"  # the Go module version of Prometheus 3.16.0
+TOOL_ARTIFACTS: dict[str, GoArtifact] = {
+    a.name: a
+    for a in (
+        GoArtifact(
+            "helm",
+            HELM_VERSION,
+            "helm",
+            "helm",
+            root=TOOLS_DIR,
+            package="helm.sh/helm/v4/cmd/helm",
+            ldflags=(
+                f"-s -w -X helm.sh/helm/v4/internal/version.version={HELM_VERSION} "
+                "-X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+            ),
+        ),
+        GoArtifact(
+            "promtool",
+            PROMETHEUS_VERSION,
+            "promtool",
+            "promtool",
+            root=TOOLS_DIR,
+            package="github.com/prometheus/prometheus/cmd/promtool",
+            # Without the service discovery plugins (cloud SDKs): `check rules` and
+            # `test rules` need none of them, and the build is several times smaller.
+            tags="remove_all_sd",
+            ldflags=(
+                "-s -w -X github.com/prometheus/common/version.Version=3.16.0 "
+                "-X github.com/prometheus/common/version.Branch=release"
+            ),
+        ),
+    )
+}
+ARTIFACTS.update(TOOL_ARTIFACTS)
 
 #: Names accepted for the two driver builds (helper release, Kubernetes minor, short name).
 DRIVER_ALIASES: dict[str, str] = {
@@ -170,7 +236,7 @@ def _go_version() -> str:
 def _source_files(artifact: GoArtifact) -> list[Path]:
     files: list[Path] = []
     for rel in (artifact.module, *artifact.extra_sources):
-        base = INTEROP_DIR / rel
+        base = artifact.root / rel
         for path in sorted(base.rglob("*")):
             if path.is_file() and (path.suffix == ".go" or path.name in ("go.mod", "go.sum")):
                 files.append(path)
@@ -181,8 +247,10 @@ def source_key(artifact: GoArtifact, go_version: str) -> str:
     """Hash of everything that decides the binary: sources, Go version, link flags."""
     digest = hashlib.sha256()
     digest.update(f"{go_version}\0{artifact.ldflags}\0".encode())
+    if artifact.tags:
+        digest.update(f"tags={artifact.tags}\0".encode())
     for path in _source_files(artifact):
-        digest.update(str(path.relative_to(INTEROP_DIR)).encode() + b"\0")
+        digest.update(str(path.relative_to(artifact.root)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -217,6 +285,10 @@ def _run(cmd: Sequence[str], cwd: Path, timeout: float) -> subprocess.CompletedP
     )
 
 
+def _tag_args(artifact: GoArtifact) -> list[str]:
+    return ["-tags", artifact.tags] if artifact.tags else []
+
+
 def _tail(text: str, limit: int = 1500) -> str:
     text = text.strip()
     return text if len(text) <= limit else "..." + text[-limit:]
@@ -248,7 +320,11 @@ def ensure(name: str, *, log: bool = True) -> Path:
         # Step 1: resolve and download only what the build needs. A failure here is an
         # environment problem (no module proxy), not a bug: report it as unavailable.
         try:
-            listed = _run(["go", "list", "-deps", "."], artifact.module_dir, DOWNLOAD_TIMEOUT)
+            listed = _run(
+                ["go", "list", "-deps", *_tag_args(artifact), artifact.package],
+                artifact.module_dir,
+                DOWNLOAD_TIMEOUT,
+            )
         except subprocess.TimeoutExpired:
             raise BuildUnavailable(
                 f"downloading Go modules for {artifact.name} timed out "
@@ -263,7 +339,17 @@ def ensure(name: str, *, log: bool = True) -> Path:
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         try:
             built = _run(
-                ["go", "build", "-trimpath", "-ldflags", artifact.ldflags, "-o", str(tmp), "."],
+                [
+                    "go",
+                    "build",
+                    "-trimpath",
+                    *_tag_args(artifact),
+                    "-ldflags",
+                    artifact.ldflags,
+                    "-o",
+                    str(tmp),
+                    artifact.package,
+                ],
                 artifact.module_dir,
                 BUILD_TIMEOUT,
             )

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +29,9 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kubelet_dra.testing import FakeApiServer
+from kubelet_dra.testing import FakeApiServer, eventually_sync
+from kubelet_dra.testing._eventually import describe
+from tests.integration._sidecar_process import SidecarExited
 
 from ._apiserver import KubeApiServer
 
@@ -49,15 +50,11 @@ _ADDRESS = re.compile(r"metrics, /healthz and /readyz on http://(\S+)")
 
 
 def poll(predicate: Callable[[], Any], timeout: float, what: str, on_fail: str = "") -> Any:
-    """Poll until ``predicate()`` is truthy and return its value; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}\n{on_fail}")
-        time.sleep(0.05)
+    """:func:`eventually_sync` with text to add to its failure; returns the truthy value."""
+    try:
+        return eventually_sync(predicate, what=what or None, timeout=timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{on_fail}".rstrip()) from None
 
 
 class Cluster(Protocol):
@@ -273,7 +270,7 @@ class SidecarProcess:
         assert self.proc is not None
         code = self.proc.poll()
         if code is not None:
-            raise AssertionError(f"sidecar exited with {code}:\n{self.log[-6000:]}")
+            raise SidecarExited(f"sidecar exited with {code}:\n{self.log[-6000:]}")
 
     def until(
         self,
@@ -290,7 +287,7 @@ class SidecarProcess:
             return predicate()
 
         try:
-            return poll(check, timeout, what or str(predicate))
+            return poll(check, timeout, what or describe(predicate))
         except AssertionError as exc:
             extra = f"\n{detail()}" if detail is not None else ""
             raise AssertionError(f"{exc}{extra}\nsidecar log:\n{self.log[-6000:]}") from None

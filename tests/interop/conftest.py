@@ -43,7 +43,9 @@ from ._driver import DEFAULT_DRIVER_NAME, DriverProcess
 _OUTCOMES = pytest.StashKey[dict[str, Path | BaseException]]()
 
 _DRIVER_FIXTURES = {"interop_driver_bin", "interop_driver"}
-_APISERVER_FIXTURES = {"kube_apiserver", "kube_apiserver_factory"}
+_APISERVER_FIXTURES = {"kube_apiserver", "kube_apiserver_factory", "own_apiserver"}
+# The taint proofs (test_interop_taint_proofs.py) run the scheduler and controller manager.
+_CONTROLLER_FIXTURES = {"control_plane"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,6 +65,8 @@ def _needed_artifacts(items: Sequence[pytest.Item]) -> list[str]:
         names += ["driver-current", "driver-v035"]
     if fixtures & _APISERVER_FIXTURES:
         names += ["etcd", "kube-apiserver"]
+    if fixtures & _CONTROLLER_FIXTURES:
+        names += ["kube-scheduler", "kube-controller-manager"]
     return names
 
 

@@ -92,9 +92,7 @@ def test_fixture_basics(kube_apiserver: KubeApiServer, core: client.CoreV1Api) -
     assert {"default", "kube-system"} <= names
     # The written kubeconfig works with the client's own loader.
     loaded = client.Configuration()
-    config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=str(kube_apiserver.kubeconfig), client_configuration=loaded
-    )
+    config.load_kube_config(config_file=str(kube_apiserver.kubeconfig), client_configuration=loaded)
     with client.ApiClient(loaded) as api:
         assert client.CoreV1Api(api).read_namespace("default").metadata is not None
 

@@ -30,7 +30,8 @@ from kubelet_dra import healthinfo, models, plugins, registration
 from kubelet_dra import settings as settings_mod
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from kubelet_dra.testing import FakeDriver
+from kubelet_dra.testing import FakeDriver, eventually
+from tests.integration._driver_fixtures import PIPELINE, make_settings
 
 from ._driver import DriverProcess, device
 
@@ -177,13 +178,11 @@ class Pipeline:
 
 
 def settings_for(registry: Path, state: Path, **extra: Any) -> settings_mod.Settings:
-    return settings_mod.Settings(
+    return make_settings(
+        tuning=PIPELINE,
         plugins_registry=registry,
         state_dir=state,
-        registry_poll_interval=0.05,
         registration_backoff_initial=0.05,
-        stream_backoff_initial=0.05,
-        stream_backoff_max=0.2,
         **extra,
     )
 
@@ -212,15 +211,6 @@ async def pipeline(
     )
     async with manager, watcher:
         yield Pipeline(watcher, manager, cache, events, changes)
-
-
-async def until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
-    """Poll ``predicate`` until true; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what or predicate}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -255,7 +245,7 @@ async def test_observer_registers_and_negotiates(
     await drv.start([device("gpu-0")])
     registry, state = paths(interop_socket_dir)
     async with pipeline(registry, state) as pipe:
-        await until(lambda: pipe.events, what="a registration")
+        await eventually(lambda: pipe.events, what="a registration", timeout=10)
         info = pipe.events[0].plugin
         assert pipe.events[0].kind is registration.EventKind.REGISTER
         assert (info.driver, info.endpoint, info.socket) == (
@@ -266,7 +256,9 @@ async def test_observer_registers_and_negotiates(
         assert info.supported_versions == SUPPORTED[kind.flavor]
         assert info.dra_service == "v1.DRAPlugin"
         assert info.health_service == NEGOTIATED[kind.flavor]
-        await until(lambda: pipe.health("gpu-0")[0] == "Healthy", what="first report")
+        await eventually(
+            lambda: pipe.health("gpu-0")[0] == "Healthy", what="first report", timeout=10
+        )
         assert drv.health_streams() == [NEGOTIATED[kind.flavor]]
         status = pipe.manager.endpoints[str(drv.dra_socket)]
         assert status.service == NEGOTIATED[kind.flavor]
@@ -283,7 +275,9 @@ async def test_owner_notifies_registration(
     await drv.start([device("gpu-0")])
     registry, state = paths(interop_socket_dir)
     async with pipeline(registry, state, role=settings_mod.Role.OWNER) as pipe:
-        await until(lambda: pipe.events and drv.notifications(), what="notification")
+        await eventually(
+            lambda: pipe.events and drv.notifications(), what="notification", timeout=10
+        )
         assert pipe.events[0].plugin.health_service == NEGOTIATED[kind.flavor]
         assert not pipe.watcher.failures
     assert drv.notifications() == [(True, "")]
@@ -327,7 +321,9 @@ async def test_health_changes_and_messages(
     )
     registry, state = paths(interop_socket_dir)
     async with pipeline(registry, state) as pipe:
-        await until(lambda: pipe.health("gpu-1")[0] == "Unhealthy", what="first report")
+        await eventually(
+            lambda: pipe.health("gpu-1")[0] == "Unhealthy", what="first report", timeout=10
+        )
         assert pipe.health("gpu-0") == ("Healthy", expected_message(kind, "ok"))
         assert pipe.health("gpu-1") == ("Unhealthy", expected_message(kind, "ECC"))
         before = len(pipe.changes)
@@ -337,13 +333,15 @@ async def test_health_changes_and_messages(
                 device("gpu-1", "UNHEALTHY", message="ECC"),
             ]
         )
-        await until(lambda: pipe.health("gpu-0")[0] == "Unhealthy", what="the change")
+        await eventually(
+            lambda: pipe.health("gpu-0")[0] == "Unhealthy", what="the change", timeout=10
+        )
         assert pipe.health("gpu-0") == ("Unhealthy", expected_message(kind, "thermal"))
         changed = [k.device for _, keys in pipe.changes[before:] for k in keys]
         assert changed == ["gpu-0"]
         # Unknown from the driver is Unknown here, with its message.
         await drv.set_devices([device("gpu-1", "UNKNOWN", message="rebooting")])
-        await until(lambda: pipe.health("gpu-1")[0] == "Unknown", what="Unknown")
+        await eventually(lambda: pipe.health("gpu-1")[0] == "Unknown", what="Unknown", timeout=10)
         assert pipe.health("gpu-1") == ("Unknown", expected_message(kind, "rebooting"))
         # A device missing from a later report keeps its last state until its lease runs out.
         assert pipe.health("gpu-0")[0] == "Unhealthy"
@@ -361,13 +359,15 @@ async def test_per_device_timeout_expires_at_deadline(
     await drv.start([device("gpu-0", "UNHEALTHY", timeout_seconds=2), device("gpu-1")])
     registry, state = paths(interop_socket_dir)
     async with pipeline(registry, state) as pipe:
-        await until(lambda: pipe.health("gpu-0")[0] == "Unhealthy", what="first report")
+        await eventually(
+            lambda: pipe.health("gpu-0")[0] == "Unhealthy", what="first report", timeout=10
+        )
         await drv.set_devices([], silent=True)
         key0 = models.DeviceKey(DRIVER, "pool-0", "gpu-0")
         deadline = pipe.cache.get(key0, time.time()).deadline
         assert pipe.cache.get(key0, time.time()).lease == 2.0
         # The deadline task turns it Unknown and notifies at the deadline, not later.
-        await until(lambda: pipe.manager.lease_expiries >= 1, timeout=6, what="expiry")
+        await eventually(lambda: pipe.manager.lease_expiries >= 1, what="expiry", timeout=6)
         assert pipe.manager.lease_expiries == 1
         expired_at = pipe.changes[-1][0]
         assert pipe.changes[-1][1] == [key0]
@@ -388,9 +388,13 @@ async def test_not_supported_is_one_call(
     await drv.start([device("gpu-0")], not_supported=True)
     registry, state = paths(interop_socket_dir)
     async with pipeline(registry, state) as pipe:
-        await until(lambda: str(drv.dra_socket) in pipe.manager.endpoints, what="registration")
+        await eventually(
+            lambda: str(drv.dra_socket) in pipe.manager.endpoints, what="registration", timeout=10
+        )
         status = pipe.manager.endpoints[str(drv.dra_socket)]
-        await until(lambda: status.state is plugins.StreamState.UNIMPLEMENTED, what="stop")
+        await eventually(
+            lambda: status.state is plugins.StreamState.UNIMPLEMENTED, what="stop", timeout=10
+        )
         assert "not supported" in status.last_error or status.last_error == ""
         # Ten times the retry cap (0.2 s) passes without a second call.
         quiet_until = time.monotonic() + 2.0
@@ -432,7 +436,7 @@ async def test_health_service_off_registers_without_stream(
         socket = fake.dra_socket
     try:
         async with pipeline(registry, state) as pipe:
-            await until(lambda: pipe.events, what="registration")
+            await eventually(lambda: pipe.events, what="registration", timeout=10)
             info = pipe.events[0].plugin
             assert info.supported_versions == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
             assert info.health_service is None

@@ -5,8 +5,9 @@ A service account gets a copy of ``deploy/clusterrole.yaml`` through a ClusterRo
 (created with the admin client), and a TokenRequest token (not bound to a pod: the
 ValidatingAdmissionPolicy only matches the deployed service account's name, tested in
 ``test_interop_vap.py``). The sidecar runs a full scenario with that token: it lists and
-watches the node's pods, reads the claims, writes pod status and posts a DeviceUnhealthy
-Event. With one rule removed the same scenario must fail with a 403 the sidecar logs.
+watches the node's pods, reads the claims, writes pod status, posts a DeviceUnhealthy
+Event and (taint bridge on) creates a DeviceTaintRule. With one rule removed the same
+scenario must fail with a 403 the sidecar logs.
 """
 
 from __future__ import annotations
@@ -97,9 +98,11 @@ def run_scenario(
         )
     )  # fmt: skip
     kubeconfig = cluster.server.write_kubeconfig(tmp_path / "sa.kubeconfig", token)
+    # The taint bridge on (effect None: it marks, nothing acts on it), so that its
+    # devicetaintrules rule is exercised too.
     sidecar = SidecarProcess(
         node=node, kubeconfig=kubeconfig, registry=driver.registry_dir,
-        state_dir=tmp_path / "state",
+        state_dir=tmp_path / "state", flags=("--taint-effect", "None", "--taint-after", "0"),
     )  # fmt: skip
     return sidecar, namespace, node
 
@@ -116,7 +119,11 @@ def scenario_done(cluster: RealCluster, namespace: str) -> bool:
     pod = cluster.get_pod(namespace, "workload")
     written = "Unhealthy" in str(health_entries(pod)) and condition(pod, "DeviceHealthy")
     events = [e for e in cluster.events(namespace) if e.get("reason") == "DeviceUnhealthy"]
-    return bool(written and events)
+    node = namespace.replace("rbac-", "node-", 1)
+    tainted = cluster.resource.list_device_taint_rule(
+        label_selector=f"kubelet-dra.io/node={node}"
+    ).items
+    return bool(written and events and tainted)
 
 
 def test_deployed_rules_run_a_full_scenario(

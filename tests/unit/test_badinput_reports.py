@@ -12,7 +12,8 @@ byte at which a multi-byte character is cut.
 from __future__ import annotations
 
 import pathlib
-import tempfile
+from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -50,11 +51,11 @@ devices = st.fixed_dictionaries(
 )
 
 
-def _response(pb: object, entries: list[dict[str, object]]) -> object:
-    message = pb.NodeWatchResourcesResponse(  # type: ignore[attr-defined]
+def _response(pb: ModuleType, entries: list[dict[str, Any]]) -> Any:
+    message = pb.NodeWatchResourcesResponse(
         devices=[
-            pb.DeviceHealth(  # type: ignore[attr-defined]
-                device=pb.DeviceIdentifier(pool_name=e["pool"], device_name=e["device"]),  # type: ignore[attr-defined]
+            pb.DeviceHealth(
+                device=pb.DeviceIdentifier(pool_name=e["pool"], device_name=e["device"]),
                 health=e["health"],
                 last_updated_time=e["time"],
                 health_check_timeout_seconds=e["timeout"],
@@ -63,24 +64,27 @@ def _response(pb: object, entries: list[dict[str, object]]) -> object:
             for e in entries
         ]
     )
-    wire = message.SerializeToString()  # type: ignore[attr-defined]
-    return pb.NodeWatchResourcesResponse.FromString(wire)  # type: ignore[attr-defined]
+    wire = message.SerializeToString()
+    return pb.NodeWatchResourcesResponse.FromString(wire)
 
 
-_STATE = pathlib.Path(tempfile.mkdtemp(prefix="kdbad"))
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    # Module scope: hypothesis runs every example in one call of the test function.
+    return tmp_path_factory.mktemp("kdbad") / "state"
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from([v1, v1alpha1]), st.lists(st.lists(devices, max_size=6), max_size=4))
 def test_any_report_converts_applies_and_persists_valid_state(
-    pb: object, reports: list[list[dict[str, object]]]
+    state_dir: pathlib.Path, pb: ModuleType, reports: list[list[dict[str, object]]]
 ) -> None:
-    db = store.HealthStore.open(_STATE / "state")
+    db = store.HealthStore.open(state_dir)
     try:
         cache = healthinfo.HealthCache(sink=db)
         now = 1_000_000.0
         for entries in reports:
-            converted = _streams.convert(_response(pb, entries).devices, max_devices=5)  # type: ignore[attr-defined]
+            converted = _streams.convert(_response(pb, entries).devices, max_devices=5)
             assert (converted.refused is not None) == (len(entries) > 5)
             for report in converted.reports:
                 _check_report(report)
@@ -93,7 +97,7 @@ def test_any_report_converts_applies_and_persists_valid_state(
         assert stored == dict(cache.records())
     finally:
         db.close()
-        for path in (_STATE / "state").iterdir():
+        for path in state_dir.iterdir():
             path.unlink()
 
 
@@ -114,7 +118,7 @@ def test_message_cut_inside_a_multibyte_character_stays_valid(char: str, total: 
     message = "a" * pad + char * ((total - pad) // width)
     assert len(message.encode()) == total
     [entry] = _streams.convert(
-        _response(v1, [_entry(message=message)]).devices,  # type: ignore[attr-defined]
+        _response(v1, [_entry(message=message)]).devices,
         max_devices=10,
     ).reports
     out = entry.message.encode("utf-8")
@@ -141,7 +145,7 @@ def test_message_cut_inside_a_multibyte_character_stays_valid(char: str, total: 
 )
 def test_each_bad_field_is_counted_with_its_reason(field: str, value: object, problem: str) -> None:
     converted = _streams.convert(
-        _response(v1, [_entry(**{field: value})]).devices,  # type: ignore[attr-defined]
+        _response(v1, [_entry(**{field: value})]).devices,
         max_devices=10,
     )
     assert converted.problems[problem] == 1
@@ -149,7 +153,7 @@ def test_each_bad_field_is_counted_with_its_reason(field: str, value: object, pr
 
 def test_huge_timeout_is_a_valid_lease_and_round_trips(tmp_path: pathlib.Path) -> None:
     [report] = _streams.convert(
-        _response(v1, [_entry(timeout=2**63 - 1)]).devices,  # type: ignore[attr-defined]
+        _response(v1, [_entry(timeout=2**63 - 1)]).devices,
         max_devices=10,
     ).reports
     db = store.HealthStore.open(tmp_path)

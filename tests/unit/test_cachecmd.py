@@ -112,3 +112,49 @@ def test_unreadable_kubelet_state_is_a_clear_error(
     code, _, err = run(capsys, "--kubelet-state", str(path))
     assert code == 1
     assert "error:" in err
+
+
+# Null maps: kubelet v1.38 loadFromCheckpoint reads them as empty maps.
+@pytest.mark.parametrize(
+    ("content", "devices"),
+    [
+        ("null", []),
+        ("{}", []),
+        ('{"gpu.example.com": null}', []),
+        ('{"gpu.example.com": {"Devices": null}}', []),
+        ('{"gpu.example.com": {}}', []),
+        ('{"a": {"Devices": null}, "b": {"Devices": {"p/d": null}}}', [("b", "p", "d", "Unknown")]),
+        (
+            '{"a": {"Devices": null}, "b": {"Devices": {"p/q/d": {"PoolName": "p/q",'
+            ' "DeviceName": "d", "Health": "Healthy", "LastUpdated": "2025-01-01T00:00:00Z"}}}}',
+            [("b", "p/q", "d", "Healthy")],
+        ),
+    ],
+    ids=[
+        "null-file",
+        "empty",
+        "null-driver",
+        "null-devices",
+        "no-devices-key",
+        "null-device-entry",
+        "null-beside-real",
+    ],
+)
+def test_null_maps_in_a_kubelet_state_read_as_empty(
+    tmp_path: pathlib.Path, capsys, content: str, devices: list[tuple[str, str, str, str]]
+) -> None:
+    path = tmp_path / "dra_health_state"
+    path.write_text(content)
+    code, out, err = run(capsys, "--kubelet-state", str(path), "--output", "json")
+    assert (code, err) == (0, "")
+    rows = [(r["driver"], r["pool"], r["device"], r["stored"]) for r in json.loads(out)]
+    assert rows == devices
+    assert all(r["visible"] == "Unknown" for r in json.loads(out))  # all long expired
+
+
+def test_devices_that_are_not_an_object_is_a_clear_error(tmp_path: pathlib.Path, capsys) -> None:
+    path = tmp_path / "dra_health_state"
+    path.write_text('{"drv": {"Devices": [1]}}')
+    code, _, err = run(capsys, "--kubelet-state", str(path))
+    assert code == 1
+    assert "Devices is not an object" in err

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kubelet_dra import claims, models
-from tests.unit import test_podstatus_builders as b
+from tests.unit import _podstatus_builders as b
 
 DRV = "test-driver"
 
@@ -53,7 +53,9 @@ def test_shared_device_names_every_pod(share_ids: tuple[str | None, str | None])
             devices=[claims.PreparedDevice(DRV, "pool", "dev", share_id=share)],
         )  # fmt: skip
     assert index.pods_for_devices([_key("dev")]) == {"p0", "p1"}
-    assert index.claim(claims.ClaimKey("default", "c0")).devices[0].share_id == share_ids[0]  # type: ignore[union-attr]
+    claim = index.claim(claims.ClaimKey("default", "c0"))
+    assert claim is not None
+    assert claim.devices[0].share_id == share_ids[0]
 
 
 def test_uses_name_container_reference_and_request() -> None:
@@ -109,7 +111,8 @@ def test_referenced_claims_follow_the_pods() -> None:
     d1 = index.set_pod(_gpu_pod("p1", "shared"))
     d2 = index.set_pod(_gpu_pod("p2", "shared"))
     index.set_claim(b.claim("shared", ("gpu", DRV, "pool", "dev")))
-    assert (d1.claims_added, d2.claims_added) == ({claims.ClaimKey("default", "shared")}, set())
+    shared = frozenset({claims.ClaimKey("default", "shared")})
+    assert (d1.claims_added, d2.claims_added) == (shared, frozenset())
     assert index.remove_pod("p1").claims_removed == frozenset()
     assert index.remove_pod("p2").claims_removed == {claims.ClaimKey("default", "shared")}
     assert index.referenced_claims() == frozenset()

@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import pathlib
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -64,6 +65,19 @@ CASES = [
     ("--api-qps", "20", "5.5", "api_qps", 20.0, 5.5),
     ("--api-burst", "40", "10", "api_burst", 40, 10),
     ("--write-concurrency", "4", "2", "write_concurrency", 4, 2),
+    # The taint bridge (issue 13).
+    (
+        "--taint-effect",
+        "NoExecute",
+        "None",
+        "taint_effect",
+        settings.TaintEffect.NO_EXECUTE,
+        settings.TaintEffect.NONE,
+    ),
+    ("--taint-after", "0", "2.5", "taint_after", 0.0, 2.5),
+    ("--taint-unknown-after", "600", "never", "taint_unknown_after", 600.0, None),
+    ("--untaint-after", "0", "120", "untaint_after", 0.0, 120.0),
+    ("--taint-key", "example.com/broken", "gpu-bad", "taint_key", "example.com/broken", "gpu-bad"),
 ]
 IDS = [case[0] for case in CASES]
 DEFAULTS = {
@@ -78,6 +92,11 @@ DEFAULTS = {
     "api_qps": 50.0,
     "api_burst": 100,
     "write_concurrency": 8,
+    "taint_effect": settings.TaintEffect.OFF,
+    "taint_after": 10.0,
+    "taint_unknown_after": None,
+    "untaint_after": 60.0,
+    "taint_key": "kubelet-dra.io/unhealthy",
 }
 
 
@@ -339,3 +358,27 @@ def test_json_log_format_writes_one_json_object_per_line(
     assert entries[0]["logger"] == "kubelet_dra.test"
     assert "ValueError: boom" in entries[1]["exc"]
     assert all({"ts", "level", "logger", "msg"} <= set(e) for e in entries)
+
+
+@pytest.mark.parametrize(
+    ("argv", "where"),
+    [
+        (["--taint-after", "-1"], "--taint-after (or KUBELET_DRA_TAINT_AFTER)"),
+        (["--untaint-after", "soon"], "--untaint-after (or KUBELET_DRA_UNTAINT_AFTER)"),
+        (["--taint-key", "not a key"], "--taint-key (or KUBELET_DRA_TAINT_KEY)"),
+        (
+            ["--taint-unknown-after", "-5"],
+            "--taint-unknown-after (or KUBELET_DRA_TAINT_UNKNOWN_AFTER)",
+        ),
+    ],
+)
+def test_bad_taint_settings_name_the_flag(argv: list[str], where: str) -> None:
+    with pytest.raises(errors.ConfigError, match=re.escape(f"invalid {where}")):
+        parse(*argv)
+
+
+def test_taint_effect_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse("--taint-effect", "PreferNoSchedule")
+    assert exited.value.code == 2
+    assert "(choose from 'off', 'None', 'NoSchedule', 'NoExecute')" in capsys.readouterr().err

@@ -42,6 +42,11 @@ FLAG_ENV: dict[str, str] = {
     "KUBELET_DRA_CONTAINER_STATUS": "container_status",
     "KUBELET_DRA_POD_CONDITION_TYPE": "pod_condition_type",
     "KUBELET_DRA_METRICS_ADDRESS": "metrics_address",
+    "KUBELET_DRA_TAINT_EFFECT": "taint_effect",
+    "KUBELET_DRA_TAINT_AFTER": "taint_after",
+    "KUBELET_DRA_TAINT_UNKNOWN_AFTER": "taint_unknown_after",
+    "KUBELET_DRA_UNTAINT_AFTER": "untaint_after",
+    "KUBELET_DRA_TAINT_KEY": "taint_key",
 }
 # Environment variables that are not flags: only inputs to $(VAR) expansion.
 HELPER_ENV = {"POD_IP"}
@@ -56,6 +61,11 @@ REQUIRED_RULES: frozenset[tuple[str, str, str]] = frozenset(
         ("resource.k8s.io", "resourceclaims", "get"),
         ("", "events", "create"),
         ("", "events", "patch"),
+        # The taint bridge (issue 13): exactly the verbs it uses.
+        ("resource.k8s.io", "devicetaintrules", "list"),
+        ("resource.k8s.io", "devicetaintrules", "create"),
+        ("resource.k8s.io", "devicetaintrules", "update"),
+        ("resource.k8s.io", "devicetaintrules", "delete"),
     }
 )
 
@@ -70,6 +80,17 @@ CODE_REQUESTS: list[tuple[str, str]] = [
     ("PATCH", "/api/v1/namespaces/team/events/train-0.17a"),
     ("POST", "/api/v1/namespaces/default/events"),
     ("GET", "/version"),
+    # The taint bridge: discovery, its node's rules by label, writes of single rules.
+    ("GET", "/apis/resource.k8s.io/v1"),
+    (
+        "GET",
+        "/apis/resource.k8s.io/v1/devicetaintrules?labelSelector=app.kubernetes.io%2F"
+        "managed-by%3Dkubelet-dra-health%2Ckubelet-dra.io%2Fnode%3Dnode-a&limit=500",
+    ),
+    ("POST", "/apis/resource.k8s.io/v1/devicetaintrules"),
+    ("PUT", "/apis/resource.k8s.io/v1/devicetaintrules/node-a.gpu.example.com.node-a.gpu-0"),
+    ("DELETE", "/apis/resource.k8s.io/v1/devicetaintrules/node-a.gpu.example.com.node-a.gpu-0"),
+    ("POST", "/apis/resource.k8s.io/v1beta2/devicetaintrules"),
 ]
 
 # Requests the sidecar must not be able to make.
@@ -93,6 +114,13 @@ FORBIDDEN_REQUESTS: list[tuple[str, str]] = [
     ("GET", "/apis/resource.k8s.io/v1/resourceslices"),
     ("DELETE", "/api/v1/namespaces/team/events/train-0.17a"),
     ("GET", "/metrics"),
+    # The taint bridge needs no single-rule reads, watches, patches, status or collections.
+    ("GET", "/apis/resource.k8s.io/v1/devicetaintrules/r"),
+    ("GET", "/apis/resource.k8s.io/v1/devicetaintrules?watch=true"),
+    ("PATCH", "/apis/resource.k8s.io/v1/devicetaintrules/r"),
+    ("PUT", "/apis/resource.k8s.io/v1/devicetaintrules/r/status"),
+    ("DELETE", "/apis/resource.k8s.io/v1/devicetaintrules"),
+    ("POST", "/apis/resource.k8s.io/v1/resourceslices"),
 ]
 
 Obj = dict[str, Any]
@@ -119,6 +147,15 @@ def _one(kind: str) -> Obj:
     found = [obj for _, obj in _objects() if obj["kind"] == kind]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
+
+
+def _all(kind: str) -> list[Obj]:
+    return [obj for _, obj in _objects() if obj["kind"] == kind]
+
+
+def _named(kind: str, name: str) -> Obj:
+    (found,) = [obj for obj in _all(kind) if obj["metadata"]["name"] == name]
+    return found
 
 
 def _model_name(api_version: str, kind: str) -> str:
@@ -179,8 +216,9 @@ def test_manifest_matches_kubernetes_models(path: pathlib.Path) -> None:
         name = _model_name(doc["apiVersion"], doc["kind"])
         assert hasattr(kubernetes.client, name), f"no model {name} for {path.name}"
         # Required fields and enums are checked by the models (client-side validation).
+        # The client's own deserializer (name-mangled private: the stubs do not list it).
         model = client._ApiClient__deserialize(doc, name)  # type: ignore[attr-defined]
-        back = client.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
+        back = client.sanitize_for_serialization(model)
         assert back == _strip_none(doc), f"{path.name}: a field the model does not know"
 
 
@@ -216,12 +254,15 @@ def test_identities_are_consistent(daemonset: Obj, pod_spec: Obj) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}
     ]
-    vap = _one("ValidatingAdmissionPolicy")
-    vap_binding = _one("ValidatingAdmissionPolicyBinding")
-    assert vap_binding["spec"]["policyName"] == vap["metadata"]["name"]
-    assert vap_binding["spec"]["validationActions"] == ["Deny"]
-    (condition,) = vap["spec"]["matchConditions"]
-    assert f'"{SA_USERNAME}"' in condition["expression"]
+    policies = _all("ValidatingAdmissionPolicy")
+    bindings = {b["spec"]["policyName"]: b for b in _all("ValidatingAdmissionPolicyBinding")}
+    assert sorted(bindings) == sorted(p["metadata"]["name"] for p in policies)
+    for vap in policies:
+        vap_binding = bindings[vap["metadata"]["name"]]
+        assert vap_binding["metadata"]["name"] == vap["metadata"]["name"]
+        assert vap_binding["spec"]["validationActions"] == ["Deny"]
+        (condition,) = vap["spec"]["matchConditions"]
+        assert f'"{SA_USERNAME}"' in condition["expression"]
 
 
 # -- the DaemonSet -----------------------------------------------------------------
@@ -476,7 +517,7 @@ def test_rbac_allows_wildcards_and_names() -> None:
 
 @pytest.fixture(scope="module")
 def vap() -> Obj:
-    return _one("ValidatingAdmissionPolicy")
+    return _named("ValidatingAdmissionPolicy", "kubelet-dra-health-own-node")
 
 
 def test_vap_matches_pod_status_updates(vap: Obj) -> None:
@@ -493,10 +534,11 @@ def test_vap_matches_pod_status_updates(vap: Obj) -> None:
     for validation in spec["validations"]:
         assert validation["reason"] in {"Forbidden", "Unauthorized", "Invalid"}
         assert validation["message"]
-    # The RBAC rules allow no other write on pods that the policy would have to cover.
-    writes = {(g, r) for g, r, v in REQUIRED_RULES if v in {"create", "update", "patch"}}
+    # The RBAC rules allow no other write on pods that the policy would have to cover,
+    # and every other write is on devicetaintrules (test_deploy_taints.py's policy).
+    writes = {(g, r) for g, r, v in REQUIRED_RULES if v in {"create", "update", "patch", "delete"}}
     assert ("", "pods") not in writes
-    assert ("", "pods/status") in writes
+    assert writes == {("", "pods/status"), ("", "events"), ("resource.k8s.io", "devicetaintrules")}
 
 
 try:
@@ -504,9 +546,10 @@ try:
     from celpy import celtypes
     from celpy.adapter import json_to_cel
 except ImportError:  # pragma: no cover - cel-python is an optional test dependency
-    celpy = None  # type: ignore[assignment]
+    celpy = None  # type: ignore[assignment]  # None: the tests below skip
 
-needs_cel = pytest.mark.skipif(celpy is None, reason="cel-python (import celpy) is not installed")
+HAVE_CEL = celpy is not None
+needs_cel = pytest.mark.skipif(not HAVE_CEL, reason="cel-python (import celpy) is not installed")
 
 
 def _token_extra(node: str | None) -> dict[str, list[str]]:

@@ -92,10 +92,12 @@ def test_update_health_info_sequence(tmp_path) -> None:
     assert cache.update(DRV, [rep("device1", H.HEALTHY)], now=T0 + 1) == []
     # (3) Unhealthy => changed.
     assert cache.update(DRV, [rep("device1", H.UNHEALTHY)], now=T0 + 2) == [key("device1")]
-    # (4) 60 s later only device2 is reported => device2 new, device1 Unknown.
+    # (4) 60 s later only device2 is reported => device2 new, device1 Unknown
+    # (and, since v1.37.2, deleted: it is not reported and its lease ran out).
     changed = cache.update(DRV, [rep("device2", H.HEALTHY)], now=T0 + 62)
     assert set(changed) == {key("device1"), key("device2")}
     assert cache.get(key("device1"), T0 + 62).health is H.UNKNOWN
+    assert key("device1") not in dict(cache.records())
     db.flush()
     db.close()
     # (5) a new cache from the same file => device2 Healthy, device1 Unknown.
@@ -108,15 +110,19 @@ def test_update_health_info_sequence(tmp_path) -> None:
     fresh.update(DRV, [rep("timeoutDevice", H.UNHEALTHY)], now=T0 + 70)
     fresh.update(DRV, [rep("device2", H.HEALTHY)], now=T0 + 95)
     assert fresh.update(DRV, [], now=T0 + 101) == [key("timeoutDevice")]
-    stored = dict(fresh.records())[key("timeoutDevice")]
-    assert stored.health is H.UNKNOWN
+    # v1.37.2: the stale entry is deleted after its Unknown notification; a
+    # missing entry reads Unknown.
+    assert key("timeoutDevice") not in dict(fresh.records())
+    assert fresh.get(key("timeoutDevice"), T0 + 101).health is H.UNKNOWN
     reopened.close()
 
 
-def test_clear_driver_turns_devices_unknown(cache: healthinfo.HealthCache) -> None:
+def test_clear_driver_deletes_devices(cache: healthinfo.HealthCache) -> None:
     cache.update(DRV, [rep("dev", H.HEALTHY)], now=T0)
     assert cache.clear_driver(DRV, T0 + 1) == [key("dev")]
     assert cache.get(key("dev"), T0 + 1).health is H.UNKNOWN
+    assert list(cache.records()) == []
+    assert cache.drivers() == []
 
 
 # -- report semantics ----------------------------------------------------------
@@ -288,3 +294,219 @@ def test_end_endpoint_touches_only_its_driver(cache: healthinfo.HealthCache) -> 
 def test_invalid_default_lease_is_refused() -> None:
     with pytest.raises(ValueError, match="positive"):
         healthinfo.HealthCache(default_lease=0)
+
+
+# -- kubelet v1.37.2: the per-driver cap ---------------------------------------
+
+CAP = healthinfo.MAX_DEVICES_PER_DRIVER
+
+
+def many(count: int, *, start: int = 0, health: H = H.HEALTHY) -> list[models.DeviceReport]:
+    return [rep(f"device-{i}", health) for i in range(start, start + count)]
+
+
+@pytest.mark.parametrize(
+    ("count", "kept", "refused"),
+    [(CAP - 1, CAP - 1, 0), (CAP, CAP, 0), (CAP + 1, CAP, 1), (CAP + 100, CAP, 100)],
+    ids=["below-cap", "exactly-at-cap", "cap+1", "cap+100"],
+)
+def test_new_devices_beyond_the_cap_are_refused(
+    cache: healthinfo.HealthCache, caplog, count: int, kept: int, refused: int
+) -> None:
+    changed = cache.update(DRV, many(count), now=T0)
+    assert len(changed) == kept
+    assert len(cache) == kept
+    assert cache.refused[DRV] == refused
+    # The first devices of the report are kept, as the kubelet's loop does.
+    assert cache.get(key(f"device-{kept - 1}"), T0).health is H.HEALTHY
+    assert cache.get(key(f"device-{kept}"), T0).health is H.UNKNOWN
+    cap_lines = [r for r in caplog.records if "per driver" in r.getMessage()]
+    assert len(cap_lines) == (1 if refused else 0)  # one line per report, with the count
+    if refused:
+        assert f"ignored {refused} new devices" in cap_lines[0].getMessage()
+
+
+def test_known_devices_are_updated_at_the_cap(cache: healthinfo.HealthCache) -> None:
+    cache.update(DRV, many(CAP), now=T0)
+    # A new name is refused; a known one beyond the refused one is still updated.
+    changed = cache.update(
+        DRV, [rep("one-too-many", H.HEALTHY), rep("device-0", H.UNHEALTHY)], now=T0 + 1
+    )
+    assert changed == [key("device-0")]
+    assert cache.get(key("device-0"), T0 + 1).health is H.UNHEALTHY
+    assert cache.get(key("one-too-many"), T0 + 1).health is H.UNKNOWN
+    assert cache.refused[DRV] == 1
+    assert len(cache) == CAP
+
+
+def test_the_cap_is_per_driver(cache: healthinfo.HealthCache) -> None:
+    cache.update(DRV, many(CAP), now=T0)
+    assert cache.update("other", [rep("device-0", H.HEALTHY)], now=T0) == [
+        models.DeviceKey("other", "pool", "device-0")
+    ]
+    assert cache.refused["other"] == 0
+
+
+def test_overdue_records_count_towards_the_cap_until_deleted(
+    cache: healthinfo.HealthCache,
+) -> None:
+    # The kubelet stores the report before it deletes stale entries, so a
+    # full driver refuses new names in the report that deletes the old ones.
+    cache.update(DRV, many(CAP), now=T0)
+    fresh = many(5, start=CAP)
+    assert len(cache.update(DRV, fresh, now=T0 + 31)) == CAP  # only the Unknown transitions
+    assert cache.refused[DRV] == 5
+    assert len(cache) == 0  # every stale record deleted
+    assert len(cache.update(DRV, fresh, now=T0 + 32)) == 5  # room again
+    assert len(cache) == 5
+
+
+def test_stream_end_frees_the_cap(cache: healthinfo.HealthCache) -> None:
+    cache.update(DRV, many(CAP), now=T0, endpoint="e")
+    cache.end_endpoint(DRV, "e", T0 + 1)
+    assert len(cache.update(DRV, many(3, start=CAP), now=T0 + 2, endpoint="e2")) == 3
+    assert cache.refused[DRV] == 0
+
+
+# -- kubelet v1.37.2: stale entries are deleted --------------------------------
+
+
+def test_stale_entries_are_announced_once_then_deleted(cache: healthinfo.HealthCache) -> None:
+    # TestUpdateHealthInfoStaleEntryRemoval, with time moving forward.
+    cache.update(
+        DRV,
+        [rep("healthy-stale", H.HEALTHY), rep("unknown-stale", H.UNKNOWN), rep("fresh", H.HEALTHY)],
+        now=T0,
+    )
+    assert cache.update(DRV, [rep("fresh", H.HEALTHY)], now=T0 + 20) == []  # renews "fresh"
+    # 31 s: the other two ran out; a report of "fresh" deletes them.
+    changed = cache.update(DRV, [rep("fresh", H.HEALTHY)], now=T0 + 31)
+    assert changed == [key("healthy-stale")]  # the Unknown one goes silently
+    assert set(dict(cache.records())) == {key("fresh")}
+    assert cache.get(key("healthy-stale"), T0 + 31) == models.UNKNOWN_DEVICE
+    # Announced once: later reports change nothing.
+    assert cache.update(DRV, [rep("fresh", H.HEALTHY)], now=T0 + 32) == []
+
+
+@pytest.mark.parametrize(
+    ("steps", "deleted_at", "announced"),
+    [
+        # (time, devices of a report or None for no report, run the deadline timer first?)
+        ([(29, ["b"], False), (30, ["b"], False)], None, []),  # lease not run out: kept
+        ([(31, ["b"], False)], 31, [31]),  # no timer ran: announced with the deletion
+        ([(31, ["b"], True)], 31, [31]),  # the timer announced it at the deadline
+        ([(31, None, True), (40, ["b"], False)], 40, [31]),  # deleted at the next report
+        ([(31, ["a"], True)], None, [31]),  # reported again: revived, not deleted
+    ],
+    ids=["within-lease", "lazy", "timer-then-report", "timer-then-later-report", "revived"],
+)
+def test_deletion_composes_with_eager_expiry(
+    cache: healthinfo.HealthCache,
+    steps: list[tuple[float, list[str] | None, bool]],
+    deleted_at: float | None,
+    announced: list[float],
+) -> None:
+    cache.update(DRV, [rep("a", H.HEALTHY), rep("b", H.HEALTHY)], now=T0)
+    seen: list[float] = []
+    for at, names, timer in steps:
+        if timer and key("a") in cache.expire(T0 + at):
+            seen.append(at)
+        if names is not None:
+            changed = cache.update(DRV, [rep(n, H.HEALTHY) for n in names], now=T0 + at)
+            if key("a") in changed and "a" not in names:
+                seen.append(at)
+        present = key("a") in dict(cache.records())
+        assert present is (deleted_at is None or at < deleted_at), at
+    assert seen == announced
+
+
+def test_driver_reported_unknown_is_deleted_after_its_lease(
+    cache: healthinfo.HealthCache,
+) -> None:
+    cache.update(DRV, [rep("u", H.UNKNOWN, timeout=5), rep("k", H.HEALTHY, timeout=60)], now=T0)
+    assert cache.update(DRV, [rep("k", H.HEALTHY, timeout=60)], now=T0 + 5) == []
+    assert key("u") in dict(cache.records())  # exactly at the lease: kept
+    assert cache.update(DRV, [rep("k", H.HEALTHY, timeout=60)], now=T0 + 5.5) == []
+    assert key("u") not in dict(cache.records())
+    # A deleted device reported again is new, so a change (as in the kubelet).
+    assert cache.update(DRV, [rep("u", H.UNKNOWN, timeout=5)], now=T0 + 6) == [key("u")]
+
+
+def test_deletion_waits_for_a_report_of_the_same_driver(cache: healthinfo.HealthCache) -> None:
+    cache.update(DRV, [rep("a", H.HEALTHY)], now=T0)
+    cache.update("other", [rep("x", H.HEALTHY, timeout=600)], now=T0)
+    assert cache.expire(T0 + 31) == [key("a")]
+    cache.update("other", [rep("x", H.HEALTHY, timeout=600)], now=T0 + 40)
+    assert key("a") in dict(cache.records())  # still there, Unknown
+    assert cache.get(key("a"), T0 + 40).health is H.UNKNOWN
+    cache.update(DRV, [], now=T0 + 41)
+    assert key("a") not in dict(cache.records())
+
+
+def test_deletion_is_persisted_across_a_store_reopen(tmp_path) -> None:
+    from kubelet_dra import store
+
+    db = store.HealthStore.open(tmp_path)
+    cache = healthinfo.HealthCache(sink=db)
+    cache.update(DRV, [rep("gone", H.UNHEALTHY, message="XID"), rep("kept", H.HEALTHY)], now=T0)
+    db.flush()
+    cache.update(DRV, [rep("kept", H.HEALTHY)], now=T0 + 20)
+    assert cache.update(DRV, [rep("kept", H.HEALTHY)], now=T0 + 40) == [key("gone")]
+    db.flush()
+    db.close()
+    reopened = store.HealthStore.open(tmp_path)
+    rows = dict(reopened.load())
+    assert set(rows) == {key("kept")}  # the row is gone from the file
+    fresh = healthinfo.HealthCache(sink=reopened)
+    fresh.load(rows.items())
+    assert fresh.get(key("gone"), T0 + 41) == models.UNKNOWN_DEVICE
+    assert fresh.get(key("kept"), T0 + 41).health is H.HEALTHY
+    reopened.close()
+
+
+def test_an_expired_record_loaded_at_restart_is_deleted_by_the_next_report(tmp_path) -> None:
+    from kubelet_dra import store
+
+    db = store.HealthStore.open(tmp_path)
+    cache = healthinfo.HealthCache(sink=db)
+    cache.update(DRV, [rep("a", H.UNKNOWN), rep("b", H.HEALTHY)], now=T0)
+    db.close()
+    reopened = store.HealthStore.open(tmp_path)
+    fresh = healthinfo.HealthCache(sink=reopened)
+    fresh.load(reopened.load())
+    assert set(fresh.expire(T0 + 100)) == {key("b")}  # what the sidecar does at start
+    assert fresh.update(DRV, [], now=T0 + 101) == []
+    reopened.close()
+    again = store.HealthStore.open(tmp_path)
+    assert again.load() == []
+    again.close()
+
+
+def test_stream_end_deletes_the_records_in_memory_and_on_disk(tmp_path) -> None:
+    from kubelet_dra import store
+
+    db = store.HealthStore.open(tmp_path)
+    cache = healthinfo.HealthCache(sink=db)
+    cache.update(DRV, [rep("a", H.HEALTHY)], now=T0, endpoint="e")
+    db.flush()
+    assert cache.end_endpoint(DRV, "e", T0 + 1) == [key("a")]
+    assert list(cache.records()) == []
+    db.close()
+    again = store.HealthStore.open(tmp_path)
+    assert again.load() == []
+    again.close()
+
+
+def test_message_cut_at_a_character_boundary_is_a_deliberate_difference() -> None:
+    # Reference section 9.4: the kubelet (up to v1.38.0-beta.0) keeps 1021 bytes
+    # even inside a multi-byte character; 600 x "é" (1200 bytes) becomes 510 x
+    # "é", half of the 511th, and "...". We drop the half character instead.
+    message = "é" * 600
+    kubelet = message.encode()[:1021] + b"..."
+    assert len(kubelet) == 1024
+    with pytest.raises(UnicodeDecodeError):
+        kubelet.decode("utf-8")  # the kubelet's cut is not valid UTF-8
+    ours = healthinfo.truncate_message(message)
+    assert ours == "é" * 510 + "..."
+    assert len(ours.encode()) == 1023  # one byte shorter than the kubelet's
+    assert kubelet.startswith(ours[:-3].encode())  # same text up to the cut

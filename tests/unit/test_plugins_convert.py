@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -13,7 +15,7 @@ from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1
 H = models.HealthStatus
 
 
-def dh(pb, pool="p", device="d", health=1, **kw):  # type: ignore[no-untyped-def]
+def dh(pb: ModuleType, pool: str = "p", device: str = "d", health: int = 1, **kw: Any) -> Any:
     return pb.DeviceHealth(
         device=pb.DeviceIdentifier(pool_name=pool, device_name=device), health=health, **kw
     )
@@ -25,7 +27,7 @@ def dh(pb, pool="p", device="d", health=1, **kw):  # type: ignore[no-untyped-def
     [(0, H.UNKNOWN), (1, H.HEALTHY), (2, H.UNHEALTHY), (99, H.UNKNOWN)],
     ids=["unknown", "healthy", "unhealthy", "enum-99"],
 )
-def test_both_versions_convert_to_the_same_values(pb, health: int, expected: H) -> None:  # type: ignore[no-untyped-def]
+def test_both_versions_convert_to_the_same_values(pb: ModuleType, health: int, expected: H) -> None:
     device = dh(
         pb, health=health, last_updated_time=123, health_check_timeout_seconds=12, message="m"
     )
@@ -57,7 +59,7 @@ def test_duplicates_take_the_last_and_are_counted() -> None:
     ],
     ids=["empty-pool", "empty-device", "name-too-long"],
 )
-def test_bad_names_are_refused(device, reason: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_names_are_refused(device: Any, reason: str) -> None:
     converted = _streams.convert([device, dh(v1, device="ok")], max_devices=10)
     assert [r.device for r in converted.reports] == ["ok"]
     assert converted.problems == {reason: 1}

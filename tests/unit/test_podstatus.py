@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kubelet_dra import claims, models, podstatus
-from tests.unit import test_podstatus_builders as b
+from tests.unit import _podstatus_builders as b
 
 H = models.HealthStatus
 DRV = "gpu.example.com"
@@ -57,7 +57,8 @@ def test_first_cdi_device_id_is_the_resource_id() -> None:
 def test_duplicate_resource_ids_are_reported_once() -> None:
     pod, index = _setup(_dev("gpu-0", "same"), _dev("gpu-1", "same"), _dev("gpu-2"))
     entries = podstatus.container_entries(_update(pod, index), claims.CONTAINERS, "main")
-    assert [r["resourceID"] for r in entries[0]["resources"]] == ["same", f"{DRV}/pool/gpu-2"]
+    # Once each; sorted by resourceID (kubelet v1.38).
+    assert [r["resourceID"] for r in entries[0]["resources"]] == [f"{DRV}/pool/gpu-2", "same"]
 
 
 def test_containers_without_claims_and_device_plugin_entries_are_untouched() -> None:
@@ -73,7 +74,7 @@ def test_containers_without_claims_and_device_plugin_entries_are_untouched() -> 
     new = _update(pod, index)
     assert new["containerStatuses"][1] == statuses[1]
     names = [e["name"] for e in new["containerStatuses"][0]["allocatedResourcesStatus"]]
-    assert names == ["example.com/gpu", "claim:gpu"]
+    assert names == ["claim:gpu", "example.com/gpu"]  # kept, and sorted by name (v1.38)
 
 
 def test_entry_of_a_claim_with_no_visible_devices_is_removed() -> None:
@@ -189,5 +190,5 @@ def test_merge_never_modifies_the_status_it_is_given() -> None:
     assert changed
     assert pod["status"] == before
     names = [e["name"] for e in new["containerStatuses"][0]["allocatedResourcesStatus"]]
-    assert names == ["example.com/gpu", "claim:gpu"]
+    assert names == ["claim:gpu", "example.com/gpu"]  # kept, and sorted by name (v1.38)
     assert new["containerStatuses"][1] is pod["status"]["containerStatuses"][1]  # shared, unchanged

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kubelet_dra import claims, models, podstatus
-from tests.unit import test_podstatus_builders as b
+from tests.unit import _podstatus_builders as b
 
 H = models.HealthStatus
 DRV = "gpu.example.com"
@@ -81,7 +81,9 @@ def test_last_transition_time_moves_only_on_status_change() -> None:
         now=b.NOW + 10,
     )  # fmt: skip
     assert changed
-    assert podstatus.find_condition(second, TYPE)["lastTransitionTime"] == podstatus.rfc3339(b.NOW)  # type: ignore[index]
+    cond = podstatus.find_condition(second, TYPE)
+    assert cond is not None
+    assert cond["lastTransitionTime"] == podstatus.rfc3339(b.NOW)
     third, changed = podstatus.merge(
         second, _desired(pod, index, **{"gpu-0": H.HEALTHY, "gpu-1": H.HEALTHY}), now=b.NOW + 20
     )

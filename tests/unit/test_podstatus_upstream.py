@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kubelet_dra import claims, healthinfo, models, podstatus
-from tests.unit import test_podstatus_builders as b
+from tests.unit import _podstatus_builders as b
 
 H = models.HealthStatus
 DRV = "test-driver"

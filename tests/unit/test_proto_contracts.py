@@ -10,6 +10,7 @@ import filecmp
 import pathlib
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
 from google.protobuf import descriptor
@@ -23,8 +24,8 @@ from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def method_paths(module: object) -> set[str]:
-    file_desc: descriptor.FileDescriptor = module.DESCRIPTOR  # type: ignore[attr-defined]
+def method_paths(module: ModuleType) -> set[str]:
+    file_desc: descriptor.FileDescriptor = module.DESCRIPTOR
     return {
         f"/{service.full_name}/{method.name}"
         for service in file_desc.services_by_name.values()
@@ -61,13 +62,13 @@ def method_paths(module: object) -> set[str]:
     ],
     ids=["pluginregistration", "dra-v1", "dra-v1beta1", "health-v1", "health-v1alpha1"],
 )
-def test_full_method_paths_match_upstream(module: object, paths: set[str]) -> None:
+def test_full_method_paths_match_upstream(module: ModuleType, paths: set[str]) -> None:
     assert method_paths(module) == paths
 
 
 @pytest.mark.parametrize("module", [health_v1, health_v1alpha1], ids=["v1", "v1alpha1"])
-def test_health_stream_is_server_streaming(module: object) -> None:
-    service = module.DESCRIPTOR.services_by_name["DRAResourceHealth"]  # type: ignore[attr-defined]
+def test_health_stream_is_server_streaming(module: ModuleType) -> None:
+    service = module.DESCRIPTOR.services_by_name["DRAResourceHealth"]
     method = service.methods_by_name["NodeWatchResources"]
     assert method.server_streaming and not method.client_streaming
 
@@ -103,14 +104,14 @@ HEALTH_FIELDS = {
 
 @pytest.mark.parametrize("module", [health_v1, health_v1alpha1], ids=["v1", "v1alpha1"])
 @pytest.mark.parametrize("message", sorted(HEALTH_FIELDS))
-def test_health_field_numbers(module: object, message: str) -> None:
-    desc = module.DESCRIPTOR.message_types_by_name[message]  # type: ignore[attr-defined]
+def test_health_field_numbers(module: ModuleType, message: str) -> None:
+    desc = module.DESCRIPTOR.message_types_by_name[message]
     assert fields(desc) == HEALTH_FIELDS[message]
 
 
 @pytest.mark.parametrize("module", [health_v1, health_v1alpha1], ids=["v1", "v1alpha1"])
-def test_health_enum_numbers(module: object) -> None:
-    enum = module.DESCRIPTOR.enum_types_by_name["HealthStatus"]  # type: ignore[attr-defined]
+def test_health_enum_numbers(module: ModuleType) -> None:
+    enum = module.DESCRIPTOR.enum_types_by_name["HealthStatus"]
     assert {v.name: v.number for v in enum.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
 
 
@@ -174,8 +175,8 @@ DRA_FIELDS = {
     ids=["v1", "v1beta1"],
 )
 @pytest.mark.parametrize("message", sorted(DRA_FIELDS))
-def test_dra_field_numbers(module: object, package: str, message: str) -> None:
-    file_desc = module.DESCRIPTOR  # type: ignore[attr-defined]
+def test_dra_field_numbers(module: ModuleType, package: str, message: str) -> None:
+    file_desc = module.DESCRIPTOR
     assert file_desc.package == package
     got = fields(file_desc.message_types_by_name[message])
     if message == "Device" and module is dra_v1:

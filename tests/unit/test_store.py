@@ -80,6 +80,7 @@ def test_flush_batches_many_reports_into_one_commit(tmp_path: pathlib.Path) -> N
 
 def test_sqlite_runs_wal_with_synchronous_normal(tmp_path: pathlib.Path) -> None:
     db = store.HealthStore.open(tmp_path)
+    assert db._db is not None
     assert db._db.conn.select_one("PRAGMA journal_mode") == ("wal",)
     assert db._db.conn.select_one("PRAGMA synchronous") == (1,)  # NORMAL
     db.close()
@@ -180,6 +181,7 @@ def test_failed_flush_keeps_records_and_recovers(tmp_path: pathlib.Path) -> None
     db = store.HealthStore.open(tmp_path)
     cache = healthinfo.HealthCache(sink=db)
     cache.update("drv", [models.DeviceReport("p", "d", H.UNHEALTHY, "x")], now=T0)
+    assert db._db is not None
     db._db.conn.execute("PRAGMA query_only=ON")  # every write now fails, like a read-only disk
     with pytest.raises(errors.StoreError, match="cannot write"):
         db.flush()
@@ -221,3 +223,55 @@ def test_float_times_keep_every_digit(tmp_path: pathlib.Path) -> None:
     [(_, record)] = db2.load()
     assert record.last_report == 1000001.509765625
     db2.close()
+
+
+# -- deletions (kubelet v1.37.2 deletes stale entries) ------------------------------
+
+K = models.DeviceKey("drv", "p", "d")
+REC = models.DeviceHealth(H.HEALTHY, "", 30.0, T0)
+
+
+@pytest.mark.parametrize(
+    ("stages", "left"),
+    [
+        ([("put", REC), ("flush", None), ("delete", None)], False),
+        ([("put", REC), ("delete", None)], False),  # never committed: nothing to keep
+        ([("put", REC), ("flush", None), ("delete", None), ("put", REC)], True),  # latest wins
+        ([("delete", None)], False),  # deleting a missing row is no error
+    ],
+    ids=["committed-then-deleted", "staged-then-deleted", "deleted-then-put", "missing"],
+)
+def test_staged_deletions_survive_a_reopen(
+    tmp_path: pathlib.Path, stages: list[tuple[str, models.DeviceHealth | None]], left: bool
+) -> None:
+    db = store.HealthStore.open(tmp_path)
+    for op, record in stages:
+        if op == "put":
+            assert record is not None
+            db.stage(K, record)
+        elif op == "delete":
+            db.stage_delete([K])
+        else:
+            db.flush()
+    db.close()
+    again = store.HealthStore.open(tmp_path)
+    assert dict(again.load()) == ({K: REC} if left else {})
+    again.close()
+
+
+def test_a_failed_flush_keeps_staged_deletions(tmp_path: pathlib.Path) -> None:
+    db = store.HealthStore.open(tmp_path)
+    db.stage(K, REC)
+    db.flush()
+    db.stage_delete([K])
+    assert db._db is not None
+    db._db.conn.execute("PRAGMA query_only=ON")
+    with pytest.raises(errors.StoreError):
+        db.flush()
+    assert db.pending == 1
+    db._db.conn.execute("PRAGMA query_only=OFF")
+    assert db.flush() == 1
+    db.close()
+    again = store.HealthStore.open(tmp_path)
+    assert again.load() == []
+    again.close()

@@ -1,4 +1,4 @@
-"""The sidecar's API half wired against FakeApiServer (shared by the kube/writer tests; no tests).
+"""The sidecar's API half wired against FakeApiServer (shared by the kube/writer tests).
 
 Wiring is what the manager does: pods watch -> claim index -> status writer,
 health cache changes -> ``index.pods_for_devices`` -> ``writer.mark_dirty``.
@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from kubelet_dra import claims, clock, healthinfo, kube, models, settings
-from kubelet_dra.testing import fakeapi
+from kubelet_dra.testing import eventually, fakeapi
 
-NODE = "node-1"
+from ._driver_fixtures import NODE, WRITER, make_settings
+
 DRV = "gpu.example.com"
 H = models.HealthStatus
+__all__ = ["DRV", "NODE", "H", "Harness", "running", "settled"]
 
 
 class Harness:
@@ -83,19 +85,10 @@ class Harness:
         return None
 
 
-def make_settings(**overrides: Any) -> settings.Settings:
-    base: dict[str, Any] = {
-        "node_name": NODE, "write_window": 0.02, "api_qps": 1000.0, "api_burst": 1000,
-        "event_interval": 0.0,
-    }  # fmt: skip
-    base.update(overrides)
-    return settings.Settings(**base)
-
-
 @contextlib.asynccontextmanager
 async def running(**overrides: Any) -> AsyncIterator[Harness]:
     with fakeapi.FakeApiServer() as server:
-        harness = Harness(server, make_settings(**overrides))
+        harness = Harness(server, make_settings(tuning=WRITER, **overrides))
         harness.start()
         try:
             yield harness
@@ -103,24 +96,21 @@ async def running(**overrides: Any) -> AsyncIterator[Harness]:
             await harness.stop()
 
 
-async def eventually(predicate: Callable[[], bool], *, timeout: float = 5.0) -> None:
-    """Poll until true (no sleeps as assertions); fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
 async def settled(harness: Harness, *, quiet: float = 0.15, timeout: float = 10.0) -> None:
     """Wait until the writer has nothing pending and no status write happened for ``quiet``."""
-    deadline = time.monotonic() + timeout
-    last = (-1, 0.0)
-    while time.monotonic() < deadline:
-        count = len(harness.server.status_writes())
-        if count != last[0] or harness.writer.stats.pending:
-            last = (count, time.monotonic())
-        elif time.monotonic() - last[1] >= quiet:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("writer did not settle")
+    last = [-1, time.monotonic()]  # status writes seen, when that count last changed
+
+    def quiet_for() -> bool:
+        count, pending, now = (
+            len(harness.server.status_writes()),
+            harness.writer.stats.pending,
+            time.monotonic(),
+        )
+        if count != last[0] or pending:
+            last[:] = [count, now]
+        assert now - last[1] >= quiet, (
+            f"{count} status writes, {pending} pending, quiet for {now - last[1]:.2f} s"
+        )
+        return True
+
+    await eventually(quiet_for, what=f"the writer to settle for {quiet} s", timeout=timeout)

@@ -1,0 +1,109 @@
+"""The taint bridge's memory across restarts: one small JSON file in the state dir.
+
+Private half of ``taintbridge``; no kubelet counterpart. It holds one :class:`taints.Track`
+per device that is not plainly healthy (its health, since when, and the decided taint), so
+a restart neither restarts ``--taint-after`` nor forgets a taint that must stay.
+
+Why a file of its own and not a table in ``health.sqlite``: the entries are few (only
+devices that are, or were lately, not healthy), they change only on health transitions,
+and the health store's format and commit loop stay the health cache's alone. The file is
+written whole, to a temporary file that is fsynced and renamed over the old one, so a
+crash leaves the old or the new version, never a torn one. A file that cannot be read is
+logged and set aside (``.bad``); the bridge then starts from the rules it finds in the API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from kubelet_dra import errors, models, taints
+
+logger = logging.getLogger(__name__)
+
+FILE_NAME = "taints.json"
+_FORMAT = 1
+
+
+class TaintState:
+    """Load and save the tracks of one node's devices."""
+
+    def __init__(self, state_dir: pathlib.Path) -> None:
+        self.path = pathlib.Path(state_dir) / FILE_NAME
+
+    def load(self) -> dict[models.DeviceKey, taints.Track]:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            logger.error("taint state %s cannot be read (%s); starting empty", self.path, exc)
+            return {}
+        try:
+            return _decode(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as exc:
+            bad = self.path.with_suffix(".bad")
+            with contextlib.suppress(OSError):
+                self.path.replace(bad)
+            logger.error(
+                "taint state %s is not valid (%s); moved to %s, starting from the API's rules",
+                self.path, exc, bad.name,
+            )  # fmt: skip
+            return {}
+
+    def save(self, tracks: Mapping[models.DeviceKey, taints.Track]) -> None:
+        """Replace the file atomically; raises ``errors.StoreError``."""
+        data = json.dumps(_encode(tracks), separators=(",", ":"), sort_keys=True).encode()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise errors.StoreError(f"taint state {self.path} not written: {exc}") from exc
+
+
+def _encode(tracks: Mapping[models.DeviceKey, taints.Track]) -> dict[str, Any]:
+    devices = []
+    for key, track in sorted(tracks.items()):
+        entry: dict[str, Any] = {
+            "device": list(key),
+            "health": track.health.value,
+            "since": track.since,
+        }
+        if track.taint is not None:
+            entry["taint"] = {
+                "value": track.taint.value,
+                "timeAdded": track.taint.time_added,
+                "message": track.taint.message,
+            }
+        devices.append(entry)
+    return {"format": _FORMAT, "devices": devices}
+
+
+def _decode(doc: Any) -> dict[models.DeviceKey, taints.Track]:
+    if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
+        raise ValueError("unknown format")
+    tracks: dict[models.DeviceKey, taints.Track] = {}
+    for entry in doc["devices"]:
+        driver, pool, device = (str(part) for part in entry["device"])
+        taint = None
+        if entry.get("taint") is not None:
+            raw = entry["taint"]
+            taint = taints.Taint(
+                str(raw["value"]), float(raw["timeAdded"]), str(raw.get("message", ""))
+            )
+        tracks[models.DeviceKey(driver, pool, device)] = taints.Track(
+            models.HealthStatus(entry["health"]), float(entry["since"]), taint
+        )
+    return tracks

@@ -1,0 +1,158 @@
+"""``eventually``: wait for a condition in a test, and say what was waited for on failure.
+
+No kubelet counterpart (the kubelet's tests use gomega's ``Eventually``; this is
+the same idea, written for pytest). Integration tests watch real processes and
+real sockets, so they poll on real time; unit tests advance a ``FakeClock``
+instead and need none of this.
+
+The predicate decides by truthiness. What it returned last (or the message of
+the ``AssertionError`` it raised last) is "what was seen" in the failure, so a
+predicate that returns the observed value, or asserts with a message, makes a
+timeout self-explanatory::
+
+    await eventually(lambda: health_of(api, "train-a") or None, what="a health entry")
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar, cast, overload
+
+__all__ = ["eventually", "eventually_sync"]
+
+T = TypeVar("T")
+
+# Long enough to say what was seen, short enough for one screen of pytest output.
+_SHOWN = 2000
+
+
+class TimedOut(AssertionError):
+    """The wait is over: not an answer of the predicate (an ``AssertionError`` is "not yet")."""
+
+
+class _Wait:
+    """One wait: its deadline and the predicate's last answer (a value or an assertion)."""
+
+    def __init__(self, predicate: Callable[..., object], what: str | None, timeout: float):
+        self.predicate, self.what, self.timeout = predicate, what, timeout
+        self.deadline = time.monotonic() + timeout
+        self.seen = "nothing (the predicate never returned)"
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[None]:
+        """Around one call of the predicate: an ``AssertionError`` from it is "not yet"."""
+        try:
+            yield
+        except TimedOut:
+            raise
+        except AssertionError as exc:
+            failure = exc
+        else:
+            return
+        self.saw(failure)
+
+    def saw(self, answer: object) -> None:
+        """Remember a falsy answer; past the deadline, fail with it."""
+        if isinstance(answer, AssertionError):
+            self.seen = _clip(f"AssertionError: {answer}".strip())
+        else:
+            self.seen = _clip(repr(answer))
+        if time.monotonic() > self.deadline:
+            raise TimedOut(
+                f"timed out after {self.timeout:g} s waiting for "
+                f"{self.what or describe(self.predicate)}; last seen: {self.seen}"
+            )
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text)} chars)"
+
+
+def describe(predicate: Callable[..., object]) -> str:
+    """The predicate's source (``lambda: ...`` text) or its name, for a failure message."""
+    try:
+        source = " ".join(inspect.getsource(predicate).split())
+    except (OSError, TypeError):
+        return getattr(predicate, "__qualname__", repr(predicate))
+    if getattr(predicate, "__name__", "") == "<lambda>" and "lambda" in source:
+        source = _lambda_text(source[source.index("lambda") :])
+    return _clip(source)
+
+
+def _lambda_text(text: str) -> str:
+    # getsource gives whole lines: the call around the lambda too. The longest prefix
+    # that is a lambda expression on its own is the lambda.
+    for end in range(len(text), 0, -1):
+        try:
+            tree = ast.parse(text[:end], mode="eval")
+        except SyntaxError:
+            continue
+        if isinstance(tree.body, ast.Lambda):
+            return text[:end]
+    return text
+
+
+@overload
+async def eventually(
+    predicate: Callable[[], Awaitable[T]],
+    *,
+    what: str | None = None,
+    timeout: float = 5.0,
+    interval: float = 0.01,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    predicate: Callable[[], T],
+    *,
+    what: str | None = None,
+    timeout: float = 5.0,
+    interval: float = 0.01,
+) -> T: ...
+
+
+async def eventually(
+    predicate: Callable[[], T | Awaitable[T]],
+    *,
+    what: str | None = None,
+    timeout: float = 5.0,
+    interval: float = 0.01,
+) -> T:
+    """Call ``predicate`` every ``interval`` seconds until it returns a truthy value; return it.
+
+    ``predicate`` may be a coroutine function; an ``AssertionError`` it raises counts as
+    "not yet". After ``timeout`` real seconds raise ``AssertionError`` naming ``what``
+    (default: the predicate's source) and the last value or assertion seen.
+    """
+    wait = _Wait(predicate, what, timeout)
+    while True:
+        with wait.attempt():
+            answer = predicate()
+            result = cast(T, await answer if inspect.isawaitable(answer) else answer)
+            if result:
+                return result
+            wait.saw(result)
+        await asyncio.sleep(interval)
+
+
+def eventually_sync(
+    predicate: Callable[[], T],
+    *,
+    what: str | None = None,
+    timeout: float = 5.0,
+    interval: float = 0.05,
+) -> T:
+    """:func:`eventually` for code without an event loop: blocks the calling thread."""
+    wait = _Wait(predicate, what, timeout)
+    while True:
+        with wait.attempt():
+            if result := predicate():
+                return result
+            wait.saw(result)
+        time.sleep(interval)

@@ -1,0 +1,134 @@
+"""The cache against a model of the kubelet v1.37.2 ``updateHealthInfo`` (hypothesis).
+
+:class:`KubeletModel` restates the v1.37.2 rules (reference section 9.1) as plainly as
+possible: a per-driver map, the cap on new keys, phase 1 (store the report), phase 2
+(delete unreported entries whose timeout passed, announcing those not ``Unknown``),
+lazy reads. Driven without our deadline timer (the kubelet has none), the cache must
+hold the same records, read the same health and message for every device, and
+announce the same devices, except where a declared difference (#140819, eager
+expiry) applies: a device whose lease ran out is announced as soon as anyone looks
+(here: the next report of any driver), including when a driver-reported ``Unknown``
+loses its message; a report that revives an expired device is announced; and the
+kubelet's own later announcement of a device we announced early is no extra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubelet_dra import healthinfo, models
+
+H = models.HealthStatus
+CAP = 4  # small, so the generated reports cross it
+DEFAULT = healthinfo.DEFAULT_HEALTH_TIMEOUT
+
+
+@dataclasses.dataclass
+class Entry:
+    health: H
+    message: str
+    timeout: float
+    last: float
+
+
+class KubeletModel:
+    def __init__(self) -> None:
+        self.drivers: dict[str, dict[tuple[str, str], Entry]] = {}
+
+    def update(
+        self, driver: str, reports: list[models.DeviceReport], now: float
+    ) -> set[models.DeviceKey]:
+        devices = self.drivers.setdefault(driver, {})
+        changed: set[models.DeviceKey] = set()
+        reported = set()
+        for r in reports:
+            key = (r.pool, r.device)
+            reported.add(key)
+            old = devices.get(key)
+            if old is None and len(devices) >= CAP:
+                continue
+            timeout = float(r.timeout_seconds) if r.timeout_seconds > 0 else DEFAULT
+            if old is None or (old.health, old.message, old.timeout) != (
+                r.health,
+                r.message,
+                timeout,
+            ):
+                changed.add(models.DeviceKey(driver, *key))
+            devices[key] = Entry(r.health, r.message, timeout, now)
+        for key, old in list(devices.items()):
+            if key not in reported and now - old.last > old.timeout:
+                if old.health is not H.UNKNOWN:
+                    changed.add(models.DeviceKey(driver, *key))
+                del devices[key]
+        return changed
+
+    def read(self, key: models.DeviceKey, now: float) -> tuple[H, str]:
+        entry = self.drivers.get(key.driver, {}).get((key.pool, key.device))
+        if entry is None or now - entry.last > entry.timeout:
+            return H.UNKNOWN, ""
+        return entry.health, entry.message
+
+    def keys(self) -> set[models.DeviceKey]:
+        return {models.DeviceKey(d, *k) for d, devices in self.drivers.items() for k in devices}
+
+
+reports = st.builds(
+    models.DeviceReport,
+    pool=st.just("p"),
+    device=st.sampled_from([f"d{i}" for i in range(7)]),
+    health=st.sampled_from(list(H)),
+    message=st.sampled_from(["", "m"]),
+    timeout_seconds=st.sampled_from([-1, 0, 1, 2, 5]),
+)
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b"]),
+        st.lists(reports, max_size=8),
+        st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 6.0, 31.0]),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@pytest.fixture(autouse=True)
+def small_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(healthinfo, "MAX_DEVICES_PER_DRIVER", CAP)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_cache_matches_the_kubelet_model(sequence: list[Any]) -> None:
+    cache, model = healthinfo.HealthCache(), KubeletModel()
+    now = 1_000_000.0
+    seen: set[models.DeviceKey] = set()
+    early: set[models.DeviceKey] = set()  # announced by us, not yet by the kubelet
+    for driver, batch, gap in sequence:
+        now += gap
+        # Leases that ran out by now, not announced yet: we announce them
+        # whoever looks (here: a report of any driver); the kubelet later, or
+        # never (a revival with the same health, a driver-reported Unknown).
+        eager = {
+            key
+            for key, record in cache.records()
+            if record.expired(now) and (record.health, record.message) != (H.UNKNOWN, "")
+        }
+        # A report that revives an expired device is a change for us (readers
+        # saw Unknown); the kubelet compares with its stale record.
+        revived = {
+            key for key, record in cache.records() if record.expired(now) and key.driver == driver
+        } & {models.DeviceKey(driver, r.pool, r.device) for r in batch}
+        ours = set(cache.update(driver, batch, now=now, endpoint=driver))
+        theirs = model.update(driver, batch, now)
+        assert ours - theirs <= eager | revived  # our extras: the declared differences
+        assert theirs - ours <= early  # theirs come later than ours, never instead
+        early = (early | (ours & eager)) - theirs
+        assert set(dict(cache.records())) == model.keys()
+        seen |= {models.DeviceKey(driver, r.pool, r.device) for r in batch}
+        for key in seen:
+            assert cache.get(key, now).visible(now) == model.read(key, now), key
