@@ -366,29 +366,28 @@ class Workers:
         count = max(1, min(procs, nodes))
         for w in range(count):
             names = ",".join(node_name(i) for i in range(w, nodes, count))
-            log = (workdir / f"worker-{w}.log").open("w")
-            self.procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "benchmarks._fleetnode",
-                        "--kubeconfig",
-                        str(kubeconfig),
-                        "--workdir",
-                        str(workdir / f"w{w}"),
-                        "--nodes",
-                        names,
-                    ],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=log,
-                    text=True,
-                    env=c.quiet_env(),
-                    cwd=c._ROOT,
-                )
-            )
+            with (workdir / f"worker-{w}.log").open("w") as log:  # the child keeps its copy
+                self._spawn(kubeconfig, workdir, w, names, log)
         self.ready = [self._expect(p, "ready", timeout=60 + nodes) for p in self.procs]
+
+    def _spawn(
+        self, kubeconfig: pathlib.Path, workdir: pathlib.Path, w: int, names: str, log: Any
+    ) -> None:
+        args = [
+            sys.executable, "-m", "benchmarks._fleetnode", "--kubeconfig", str(kubeconfig),
+            "--workdir", str(workdir / f"w{w}"), "--nodes", names,
+        ]  # fmt: skip
+        self.procs.append(
+            subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env=c.quiet_env(),
+                cwd=c._ROOT,
+            )
+        )
 
     def _expect(self, proc: subprocess.Popen[str], event: str, timeout: float) -> dict[str, Any]:
         assert proc.stdout is not None
@@ -431,6 +430,9 @@ class Workers:
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
 
 
 # -- one phase: a change, its costs, its visibility ----------------------------------------
@@ -544,12 +546,12 @@ def _size(
     cluster = _cluster.RealCluster(server)
     workers: Workers | None = None
     watcher: Watcher | None = None
+    watch_api = server.api_client()
     result: dict[str, Any] = {"nodes": n}
     try:
         t0 = time.time()
         populate(cluster, n)
         result["populate_s"] = time.time() - t0
-        watch_api = server.api_client()
         watcher = Watcher(watch_api).start()
         everyone = range(n)
         healthy = expected(everyone, lambda i, d: "Healthy")
@@ -623,6 +625,7 @@ def _size(
             watcher.stop()
         if workers is not None:
             workers.stop()
+        watch_api.close()
         cluster.close()
         server.stop()
     return result
