@@ -22,12 +22,12 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from kubelet_dra import errors
+from kubelet_dra.kube import api as kube_api
 
 Obj = dict[str, Any]
 RESOURCE = "devicetaintrules"
 GROUP = "resource.k8s.io"
 FIELD_MANAGER = "kubelet-dra-health"
-MERGE = "application/merge-patch+json"
 _TIMEOUT = (5.0, 30.0)
 # Class names, resolved when the bridge is used: ``kubernetes.client`` imports each
 # generated API module on first attribute access, and these cost import time and memory
@@ -84,7 +84,7 @@ class TaintApi:
         class_name = dict(_VERSIONS)[version]
         self.version = version
         self._api = getattr(kubernetes.client, class_name)(client)
-        self._core = kubernetes.client.CoreV1Api(client)
+        self._events = kube_api.Api(client)  # the Node events: the status writer's calls
         self.calls = 0
 
     def list(self, label_selector: str) -> list[Obj]:
@@ -135,24 +135,16 @@ class TaintApi:
             ),
         )
 
-    # Node events (the ClusterRole already grants events create and patch).
+    # Node events (the ClusterRole already grants events create and patch); their failures
+    # are ``kube.CallError`` (the event recorder only logs and counts them).
 
     def create_event(self, namespace: str, body: Any) -> Obj:
-        return self._call(
-            f"create event in {namespace}",
-            lambda: self._core.create_namespaced_event(
-                namespace, body, _preload_content=False, _request_timeout=_TIMEOUT
-            ),
-        )
+        self.calls += 1
+        return self._events.create_event(namespace, body)
 
     def patch_event(self, namespace: str, name: str, body: Obj) -> Obj:
-        return self._call(
-            f"update event {namespace}/{name}",
-            lambda: self._core.patch_namespaced_event(
-                name, namespace, body, _content_type=MERGE, _preload_content=False,
-                _request_timeout=_TIMEOUT,
-            ),
-        )  # fmt: skip
+        self.calls += 1
+        return self._events.patch_event(namespace, name, body)
 
     def _typed(self, body: Obj) -> Any:
         return {"apiVersion": f"{GROUP}/{self.version}", "kind": "DeviceTaintRule", **body}

@@ -71,6 +71,11 @@ class AgentPods:
         """Pods waiting for a callback."""
         return len(self._dirty)
 
+    @property
+    def idle(self) -> bool:
+        """No pod is waiting for a callback and no round is due (for tests and probes)."""
+        return not self._dirty and not self._wake.is_set()
+
     def set_pod(self, pod: Mapping[str, Any]) -> None:
         """Add or replace a pod (a dict as the API shows it); its status is recomputed."""
         uid = str(pod["metadata"]["uid"])

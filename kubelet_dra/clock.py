@@ -30,6 +30,24 @@ class Clock(Protocol):
         ...
 
 
+async def sleep_or_wake(clock: Clock, delay: float, wake: asyncio.Event) -> None:
+    """Wait ``delay`` seconds of ``clock``'s time or until ``wake`` is set, whichever is first.
+
+    The loops that write on a schedule (status writer, taint bridge) sleep this way so a change
+    marked meanwhile, due earlier than the planned round, is not kept waiting. ``wake`` is left
+    as it is: each caller clears it where its loop reads it.
+    """
+    if delay <= 0:
+        return
+    sleeper = asyncio.ensure_future(clock.sleep(delay))
+    woken = asyncio.ensure_future(wake.wait())
+    try:
+        await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        sleeper.cancel()
+        woken.cancel()
+
+
 class SystemClock:
     """The real clock."""
 

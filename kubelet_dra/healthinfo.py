@@ -176,7 +176,7 @@ class HealthCache:
                 "ignored %d new devices (known devices are still updated)",
                 driver, MAX_DEVICES_PER_DRIVER, refused,
             )  # fmt: skip
-        self._delete_overdue(driver, devices, reports, now)
+        self._delete_overdue(driver, reports, now)
         return list(changed)
 
     def _apply(
@@ -218,17 +218,14 @@ class HealthCache:
         return refused
 
     def _delete_overdue(
-        self,
-        driver: str,
-        devices: dict[Key, models.DeviceHealth],
-        reports: Sequence[models.DeviceReport],
-        now: float,
+        self, driver: str, reports: Sequence[models.DeviceReport], now: float
     ) -> None:
         # Every overdue record was turned Unknown (and reported as changed) by
         # expire() at its deadline, so deleting it notifies nobody.
         overdue = self._overdue.pop(driver, None)
         if not overdue:
             return
+        devices = self._drivers[driver]
         reported = {(r.pool, r.device) for r in reports}
         gone = []
         for key in overdue:

@@ -479,15 +479,7 @@ class TaintBridge:
         self._store_failing = False
 
     async def _sleep_or_wake(self, delay: float) -> None:
-        if delay <= 0:
-            return
-        sleeper = asyncio.ensure_future(self._clock.sleep(delay))
-        woken = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            woken.cancel()
+        await clock_mod.sleep_or_wake(self._clock, delay, self._wake)
         self._wake.clear()
 
 

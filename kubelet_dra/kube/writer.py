@@ -215,7 +215,7 @@ class StatusWriter:
             delay = min(due, default=self._clock.now()) - self._clock.now()
             if delay > 0:
                 # A pod marked meanwhile may be due earlier: wake for it too.
-                await self._sleep_or_wake(delay)
+                await clock_mod.sleep_or_wake(self._clock, delay, self._wake)
                 continue
             await self._write_due()
             events_due = self._events.next_due()
@@ -418,15 +418,6 @@ class StatusWriter:
         self._refresh_stats()
 
     # -- internals -----------------------------------------------------------
-
-    async def _sleep_or_wake(self, delay: float) -> None:
-        sleeper = asyncio.ensure_future(self._clock.sleep(delay))
-        woken = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            woken.cancel()
 
     def _refresh_stats(self) -> None:
         self.stats.pending = self._pods.pending

@@ -152,19 +152,7 @@ class Reader:
     ) -> Iterator[list[Obj]]:
         """Pods page by page; ``out["resourceVersion"]`` is the list's version at the end."""
         path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
-        query: list[tuple[str, str]] = [("limit", str(self.page_size))]
-        if field_selector:
-            query.append(("fieldSelector", field_selector))
-        token = ""
-        while True:
-            page = self.get(path, [*query, ("continue", token)] if token else query)
-            meta = page.get("metadata") or {}
-            yield list(page.get("items") or ())
-            token = str(meta.get("continue") or "")
-            if not token:
-                if out is not None:
-                    out["resourceVersion"] = str(meta.get("resourceVersion") or "")
-                return
+        return self._pages(path, field_selector, out)
 
     def pod(self, namespace: str, name: str) -> Obj:
         try:
@@ -250,15 +238,25 @@ class Reader:
     # -- plumbing ----------------------------------------------------------------------------
 
     def _list_all(self, path: str, field_selector: str = "") -> Iterator[Obj]:
+        for items in self._pages(path, field_selector):
+            yield from items
+
+    def _pages(
+        self, path: str, field_selector: str = "", out: dict[str, str] | None = None
+    ) -> Iterator[list[Obj]]:
+        """A list page by page (``limit``/``continue``); ``out`` gets its final version."""
         query: list[tuple[str, str]] = [("limit", str(self.page_size))]
         if field_selector:
             query.append(("fieldSelector", field_selector))
         token = ""
         while True:
             page = self.get(path, [*query, ("continue", token)] if token else query)
-            yield from page.get("items") or ()
-            token = str((page.get("metadata") or {}).get("continue") or "")
+            meta = page.get("metadata") or {}
+            yield list(page.get("items") or ())
+            token = str(meta.get("continue") or "")
             if not token:
+                if out is not None:
+                    out["resourceVersion"] = str(meta.get("resourceVersion") or "")
                 return
 
     def get(self, path: str, query: Sequence[tuple[str, str]] = ()) -> Obj:

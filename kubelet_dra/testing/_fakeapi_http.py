@@ -21,7 +21,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from kubelet_dra.testing import _fakeapi_cluster as cluster
 from kubelet_dra.testing import _fakeapi_faults as faultlib
 from kubelet_dra.testing import _fakeapi_generic as generic
 from kubelet_dra.testing import _fakeapi_ops as ops
@@ -29,13 +28,6 @@ from kubelet_dra.testing import _fakeapi_status as status
 from kubelet_dra.testing import _fakeapi_store as storage
 from kubelet_dra.testing import _fakeapi_watch as watching
 
-_ROUTES = {
-    ("v1", "pods"): storage.PODS,
-    ("v1", "events"): storage.EVENTS,
-    ("resource.k8s.io/v1", "resourceclaims"): storage.CLAIMS,
-    ("events.k8s.io/v1", "events"): storage.EVENTS_V1,
-    **cluster.RESOURCES,
-}
 _VERSION = {"major": "1", "minor": "36", "gitVersion": "v1.36.0-fakeapi", "platform": "linux/amd64"}
 
 
@@ -50,9 +42,8 @@ class Context:
     bookmark_interval: float
     max_watch_seconds: float | None
     stopped: threading.Event = field(default_factory=threading.Event)
-    #: Versions of resource.k8s.io that serve devicetaintrules (see _fakeapi_cluster).
-    device_taint_versions: tuple[str, ...] = cluster.TAINT_VERSIONS
-    generic: generic.GenericResources | None = None  # extra types a test asked to serve
+    #: What is served where (built-in types, DeviceTaintRule versions, a test's own types).
+    types: generic.Types = field(default_factory=generic.Types)
 
 
 @dataclass(frozen=True)
@@ -72,7 +63,7 @@ class Server(ThreadingHTTPServer):
         self.context = context
 
 
-def parse_route(path: str) -> Route | None:
+def parse_route(path: str, types: generic.Types) -> Route | None:
     parts = [p for p in path.split("/") if p]
     if len(parts) >= 2 and parts[0] == "api":
         group_version, rest = parts[1], parts[2:]
@@ -85,9 +76,11 @@ def parse_route(path: str) -> Route | None:
         namespace, rest = rest[1], rest[2:]
     if not 1 <= len(rest) <= 3:
         return None
-    resource = _ROUTES.get((group_version, rest[0]))
-    if resource is None:
+    resource = types.lookup(group_version, rest[0])
+    if resource is None or (namespace is not None and not resource.namespaced):
         return None
+    if not resource.namespaced:
+        namespace = ""  # cluster-scoped objects are stored under namespace ""
     name = rest[1] if len(rest) > 1 else None
     return Route(resource, namespace, name, rest[2] if len(rest) > 2 else None)
 
@@ -187,25 +180,13 @@ class Handler(BaseHTTPRequestHandler):
         if method == "GET" and self._url_path.rstrip("/") == "/version":
             self._send(200, _VERSION)
             return
-        ctx = self.server.context
-        extra_types = ctx.generic
-        extra = extra_types.route(self._url_path) if extra_types is not None else None
-        if extra_types is not None and extra is not None:
-            if watch:
-                raise _method_not_allowed("WATCH")
-            self._send(*extra_types.handle(method, extra, self._query, self._body))
-            return
-        if method == "GET" and (
-            doc := cluster.discovery(self._url_path, ctx.device_taint_versions)
-        ):
+        types = self.server.context.types
+        if method == "GET" and (doc := types.discovery(self._url_path)):
             self._send(200, doc)
             return
-        route = parse_route(self._url_path)
-        if route is not None and not route.resource.namespaced:
-            route = Route(route.resource, "", route.name, route.subresource)
+        route = parse_route(self._url_path, types)
         if (
             route is None
-            or not cluster.served(route.resource, ctx.device_taint_versions)
             or route.subresource not in (None, "status")
             or (route.subresource == "status" and not route.resource.has_status)
         ):

@@ -16,7 +16,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kubelet_dra.testing import _fakeapi_cluster as cluster
 from kubelet_dra.testing import _fakeapi_patch as patching
 from kubelet_dra.testing import _fakeapi_status as status
 from kubelet_dra.testing import _fakeapi_store as storage
@@ -70,7 +69,8 @@ class Backend:
         if res.has_status and not keep_status:
             # The create strategies discard client-written status.
             obj["status"] = _initial_status(res, obj)
-        cluster.prepare(res, obj, None, storage.now_rfc3339())
+        if res.prepare is not None:
+            res.prepare(obj, None, storage.now_rfc3339())
         return self.store.create(res, obj)
 
     def delete(self, res: storage.Resource, namespace: str, name: str, options: Any = None) -> Obj:
@@ -203,8 +203,8 @@ class Backend:
                 new["status"] = copy.deepcopy(current["status"])
         if res is storage.PODS:
             self._pod_status_rules(new)
-        elif subresource is None:
-            cluster.prepare(res, new, current, storage.now_rfc3339())
+        elif subresource is None and res.prepare is not None:
+            res.prepare(new, current, storage.now_rfc3339())
         return new
 
     def _pod_status_rules(self, pod: Obj) -> None:

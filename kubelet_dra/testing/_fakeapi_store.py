@@ -15,7 +15,7 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,10 +35,13 @@ class Resource:
     has_status: bool
     fields: frozenset[str]
     namespaced: bool = True  # cluster-scoped objects are stored under namespace ""
+    #: The type's defaulting and validation on create (``old`` None) and main-resource
+    #: update, as a registry strategy does: ``prepare(obj, old, now)`` raises a 422 ApiError.
+    prepare: Callable[[Obj, Obj | None, str], None] | None = field(default=None, compare=False)
 
 
-_META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
-POD_FIELDS = _META_FIELDS | {
+META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
+POD_FIELDS = META_FIELDS | {
     "spec.nodeName",
     "spec.restartPolicy",
     "spec.schedulerName",
@@ -48,7 +51,7 @@ POD_FIELDS = _META_FIELDS | {
     "status.podIP",
     "status.nominatedNodeName",
 }
-EVENT_FIELDS = _META_FIELDS | {
+EVENT_FIELDS = META_FIELDS | {
     "involvedObject.kind",
     "involvedObject.namespace",
     "involvedObject.name",
@@ -64,7 +67,7 @@ EVENT_FIELDS = _META_FIELDS | {
 
 PODS = Resource("pods", "pods", "Pod", "v1", True, POD_FIELDS)
 CLAIMS = Resource(
-    "resourceclaims", "resourceclaims", "ResourceClaim", "resource.k8s.io/v1", True, _META_FIELDS
+    "resourceclaims", "resourceclaims", "ResourceClaim", "resource.k8s.io/v1", True, META_FIELDS
 )
 EVENTS = Resource("events", "events", "Event", "v1", False, EVENT_FIELDS)
 EVENTS_V1 = Resource(
@@ -73,7 +76,7 @@ EVENTS_V1 = Resource(
     "Event",
     "events.k8s.io/v1",
     False,
-    _META_FIELDS
+    META_FIELDS
     | {
         "reason",
         "type",
@@ -184,7 +187,7 @@ class Store:
         self.history_limit = history_limit
         self.generation = 0  # bumped to end all open watches
         self.bookmark_epoch = 0  # bumped to make every open watch send a bookmark now
-        # Keyed by Resource.key; resources added elsewhere (_fakeapi_cluster) get theirs on use.
+        # Keyed by Resource.key; types registered later (_fakeapi_generic) get theirs on use.
         self._objects: dict[str, dict[tuple[str, str], Obj]] = collections.defaultdict(dict)
         self._history: list[Change] = []
         self._history_rvs: list[int] = []

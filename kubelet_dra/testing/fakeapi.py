@@ -9,8 +9,9 @@ rules of pod status (conditions merged by type, containerStatuses replaced whole
 ``allocatedResourcesStatus`` validation (422), watch semantics including field-selector
 transitions, bookmarks and "410 Expired", and the feature gates ``ResourceHealthStatus`` and
 ``ResourceHealthStatusMessage``. Cluster-scoped resource.k8s.io DeviceTaintRules (``v1``,
-``v1beta2``, ``v1alpha3``) and the discovery documents of those versions come from
-``_fakeapi_cluster``.
+``v1beta2``, ``v1alpha3``, one storage, validated and defaulted as by ``_fakeapi_cluster``)
+and any type a test serves (``serve_resource``) are entries of one type registry
+(``_fakeapi_generic``), which also answers discovery; all share the store, verbs and watches.
 
 On top it offers what a test needs and a real server cannot give: fault injection (errors,
 429 with Retry-After, delays, dropped connections, a conflict on each pod's first status
@@ -119,7 +120,7 @@ class FakeApiServer:
         self._backend = ops.Backend(self._store)
         self._faults = faults.Faults()
         self._log = faults.RequestLog()
-        self._generic = generic.GenericResources(self._store)
+        self._types = generic.Types()
         self._context = http.Context(
             backend=self._backend,
             faults=self._faults,
@@ -127,7 +128,7 @@ class FakeApiServer:
             token=token,
             bookmark_interval=bookmark_interval,
             max_watch_seconds=max_watch_seconds,
-            generic=self._generic,
+            types=self._types,
         )
         self._server: http.Server | None = None
         self._thread: threading.Thread | None = None
@@ -259,11 +260,11 @@ class FakeApiServer:
     @property
     def device_taint_versions(self) -> tuple[str, ...]:
         """Versions of resource.k8s.io serving devicetaintrules (all three by default)."""
-        return self._context.device_taint_versions
+        return self._types.taint_versions
 
     @device_taint_versions.setter
     def device_taint_versions(self, versions: Iterable[str]) -> None:
-        self._context.device_taint_versions = tuple(versions)
+        self._types.taint_versions = tuple(versions)
 
     def events(self, namespace: str | None = None) -> list[Obj]:
         """Stored events, core/v1 first, then events.k8s.io/v1."""
@@ -271,24 +272,30 @@ class FakeApiServer:
         core = self._store.select(storage.EVENTS, namespace, everything)[0]
         return core + self._store.select(storage.EVENTS_V1, namespace, everything)[0]
 
-    # extra resource types (stored as given; list, get, create, delete; no watch)
+    # any served type, by group/version and plural (DeviceTaintRules too)
 
     def serve_resource(
         self, group_version: str, plural: str, kind: str, *, namespaced: bool = False
     ) -> None:
-        """Serve another type, e.g. ``("resource.k8s.io/v1", "devicetaintrules",
-        "DeviceTaintRule")``; until then its URLs answer 404 as on a server without it."""
-        self._generic.serve(generic.GenericResource(group_version, plural, kind, namespaced))
+        """Serve another type, e.g. ``("example.com/v1", "widgets", "Widget")``, stored as
+        given; until then its URLs answer 404 as on a server without it. For a DeviceTaintRule
+        version this switches that version on (see ``device_taint_versions``)."""
+        self._types.serve(group_version, plural, kind, namespaced=namespaced)
 
     def create_object(self, group_version: str, plural: str, obj: Obj) -> Obj:
-        namespace = (obj.get("metadata") or {}).get("namespace") or ""
-        return self._generic.create(group_version, plural, obj, namespace)
+        """Store an object as someone else would (the type's write rules, never faulted)."""
+        res = self._types.get(group_version, plural)
+        namespace = (obj.get("metadata") or {}).get("namespace") or "default"
+        return self._backend.create(res, namespace if res.namespaced else "", obj)
 
     def delete_object(self, group_version: str, plural: str, name: str, namespace: str = "") -> Obj:
-        return self._generic.delete(group_version, plural, name, namespace)
+        res = self._types.get(group_version, plural)
+        return self._store.delete(res, namespace if res.namespaced else "", name)
 
-    def objects(self, group_version: str, plural: str) -> list[Obj]:
-        return self._generic.objects(group_version, plural)
+    def objects(self, group_version: str, plural: str, label_selector: str = "") -> list[Obj]:
+        """The stored objects of a served type, in every namespace, by namespace and name."""
+        res = self._types.get(group_version, plural)
+        return self._store.select(res, None, storage.Selector(res, "", label_selector))[0]
 
     @property
     def resource_version(self) -> int:

@@ -59,8 +59,9 @@ def make_settings(
     return settings.Settings(**values)
 
 
-# The old name of ``kubelet_dra.testing.eventually``, kept while branches that still
-# import it are merged; new code calls ``eventually`` (it says what it waited for).
+# DEPRECATED: the old name of ``kubelet_dra.testing.eventually``, kept only while branches
+# that still import it are merged; new code calls ``eventually`` (it says what it waited
+# for). Delete this alias once no test imports ``wait_until``.
 wait_until = eventually
 
 

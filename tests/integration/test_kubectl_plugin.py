@@ -45,9 +45,6 @@ TAINT_KIND = "DeviceTaintRule"
 @pytest.fixture
 def api() -> Iterator[FakeApiServer]:
     with FakeApiServer() as server:
-        # DeviceTaintRules are served here as plain stored objects, version by
-        # version (serve_resource), not by the stand-in's modelled resource.
-        server.device_taint_versions = ()
         yield server
 
 
@@ -317,8 +314,6 @@ def taint_rule(
 
 
 def test_wide_and_json_show_taints_from_device_taint_rules(api: FakeApiServer, demo: str) -> None:
-    api.serve_resource("resource.k8s.io/v1", "devicetaintrules", TAINT_KIND)
-    api.serve_resource("resource.k8s.io/v1alpha3", "devicetaintrules", TAINT_KIND)
     for rule in (
         taint_rule(
             "gpu-1-xid",
@@ -332,10 +327,6 @@ def test_wide_and_json_show_taints_from_device_taint_rules(api: FakeApiServer, d
         taint_rule("no-selector", None, "y", "NoExecute"),
     ):
         api.create_object("resource.k8s.io/v1", "devicetaintrules", rule)
-    # An older version holding something else must not be read when v1 answers.
-    api.create_object(
-        "resource.k8s.io/v1alpha3", "devicetaintrules", taint_rule("old", {}, "old", "NoSchedule")
-    )
     code, text = run(demo, "devices", "-o", "wide")
     assert code == 0
     assert "TAINTS" in text.splitlines()[0] and "CLAIMS" in text.splitlines()[0]
@@ -349,13 +340,18 @@ def test_wide_and_json_show_taints_from_device_taint_rules(api: FakeApiServer, d
     assert taints["gpu-3"] == [
         {"key": "maintenance", "value": None, "effect": "None", "rule": "whole-pool"}
     ]
+    # v1 answered, so no older version was asked.
+    assert {r.path for r in api.requests if "devicetaintrules" in r.path} == {
+        "/apis/resource.k8s.io/v1/devicetaintrules"
+    }
     assert_read_only(api)
 
 
 def test_taints_fall_back_to_older_versions_and_absence_is_not_an_error(
     api: FakeApiServer, demo: str
 ) -> None:
-    code, text = run(demo, "devices", "-o", "json")  # no version served at all
+    api.device_taint_versions = ()  # a server that serves no version of DeviceTaintRules
+    code, text = run(demo, "devices", "-o", "json")
     assert code == 0 and all(i["taints"] == [] for i in json.loads(text)["items"])
     assert {r.path for r in api.requests if "devicetaintrules" in r.path} == {
         f"/apis/resource.k8s.io/{v}/devicetaintrules" for v in ("v1", "v1beta2", "v1alpha3")

@@ -1,11 +1,13 @@
 """Build the Go binaries of the interop tests once per version into a cache directory.
 
 Each artifact is a small Go module under ``tests/interop`` (the two scripted test drivers,
-kube-apiserver, etcd, and kube-scheduler plus kube-controller-manager for the taint proofs).
-A binary is stored under
+kube-apiserver, etcd, and kube-scheduler plus kube-controller-manager for the taint proofs)
+or elsewhere (``root``: the kubelet twins of ``tests/conformance``, the tools of
+``tests/tools``), all built through :func:`ensure_artifact`. A binary is stored under
 ``<cache>/<name>-<upstream version>/<source hash>/<binary>``, where ``<cache>`` is
 ``$KUBELET_DRA_INTEROP_CACHE`` or ``~/.cache/kubelet-dra/interop`` and the source hash covers
-the module's go.mod, go.sum and Go files plus the Go version, so a second run reuses the
+the module's go.mod, go.sum and Go files plus the Go version (and any extra build
+environment, e.g. ``GOTOOLCHAIN``), so a second run reuses the
 binary and an edit of the driver rebuilds it. The Go module and build caches stay wherever
 ``go env`` puts them (never inside the repository).
 
@@ -58,7 +60,7 @@ class BuildFailed(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class GoArtifact:
-    """One Go binary built from a module directory below ``tests/interop``."""
+    """One Go binary built from a module directory below ``root`` (``tests/interop``)."""
 
     name: str
     version: str
@@ -74,6 +76,8 @@ class GoArtifact:
     package: str = "."
     #: Build tags (``go build -tags``), e.g. to leave out parts of a large command.
     tags: str = ""
+    #: Extra environment for every go command (e.g. ``GOTOOLCHAIN``); part of the cache key.
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def module_dir(self) -> Path:
@@ -191,8 +195,9 @@ def cache_root() -> Path:
     return Path("~/.cache/kubelet-dra/interop").expanduser()
 
 
-def _go_env() -> dict[str, str]:
+def _go_env(extra: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(extra)
     env["GOWORK"] = "off"
     flags = env.get("GOFLAGS", "")
     if "-mod=" not in flags:
@@ -221,15 +226,24 @@ def go_unavailable_reason() -> str | None:
     return None
 
 
-def _go_version() -> str:
-    proc = subprocess.run(
-        ["go", "env", "GOVERSION"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=_go_env(),
-        check=True,
-    )
+def _go_version(extra: Sequence[tuple[str, str]] = ()) -> str:
+    # Under GOTOOLCHAIN=<version> this fetches that toolchain: an unavailable one (no
+    # module proxy) is an environment problem, so it is reported as unavailable.
+    try:
+        proc = subprocess.run(
+            ["go", "env", "GOVERSION"],
+            capture_output=True,
+            text=True,
+            timeout=DOWNLOAD_TIMEOUT,
+            env=_go_env(extra),
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise BuildUnavailable(f"`go env GOVERSION` with {dict(extra)} timed out") from None
+    if proc.returncode != 0:
+        raise BuildUnavailable(
+            f"`go env GOVERSION` with {dict(extra)} failed: {_tail(proc.stderr, 600)}"
+        )
     return proc.stdout.strip()
 
 
@@ -249,6 +263,8 @@ def source_key(artifact: GoArtifact, go_version: str) -> str:
     digest.update(f"{go_version}\0{artifact.ldflags}\0".encode())
     if artifact.tags:
         digest.update(f"tags={artifact.tags}\0".encode())
+    for key, value in artifact.env:
+        digest.update(f"env {key}={value}\0".encode())
     for path in _source_files(artifact):
         digest.update(str(path.relative_to(artifact.root)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
@@ -273,14 +289,16 @@ def build_info(path: Path) -> dict[str, object]:
     return loaded if isinstance(loaded, dict) else {}
 
 
-def _run(cmd: Sequence[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+def _run(
+    cmd: Sequence[str], cwd: Path, timeout: float, extra: Sequence[tuple[str, str]] = ()
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         list(cmd),
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=_go_env(),
+        env=_go_env(extra),
         check=False,
     )
 
@@ -296,11 +314,15 @@ def _tail(text: str, limit: int = 1500) -> str:
 
 def ensure(name: str, *, log: bool = True) -> Path:
     """Return the cached binary for artifact ``name``, building it first if needed."""
-    artifact = ARTIFACTS[DRIVER_ALIASES.get(name, name)]
+    return ensure_artifact(ARTIFACTS[DRIVER_ALIASES.get(name, name)], log=log)
+
+
+def ensure_artifact(artifact: GoArtifact, *, log: bool = True) -> Path:
+    """Return the cached binary of ``artifact``, building it first if needed."""
     reason = go_unavailable_reason()
     if reason is not None:
         raise BuildUnavailable(reason)
-    go_version = _go_version()
+    go_version = _go_version(artifact.env)
     target = binary_path(artifact, go_version)
     if target.exists():
         return target
@@ -324,6 +346,7 @@ def ensure(name: str, *, log: bool = True) -> Path:
                 ["go", "list", "-deps", *_tag_args(artifact), artifact.package],
                 artifact.module_dir,
                 DOWNLOAD_TIMEOUT,
+                artifact.env,
             )
         except subprocess.TimeoutExpired:
             raise BuildUnavailable(
@@ -352,6 +375,7 @@ def ensure(name: str, *, log: bool = True) -> Path:
                 ],
                 artifact.module_dir,
                 BUILD_TIMEOUT,
+                artifact.env,
             )
         except subprocess.TimeoutExpired:
             tmp.unlink(missing_ok=True)

@@ -17,26 +17,37 @@ And the real ``helm install``, ``upgrade`` and ``uninstall`` against that API se
 docs/operations.md tells users (``--create-namespace``; an existing namespace with
 ``namespace.create=false``).
 
-The ServiceMonitor and PrometheusRule need the Prometheus Operator's CRDs, which this API
-server does not have: that test skips, saying so. Their shape is checked by
-``tests/deploy/test_helm_chart.py``.
+The ServiceMonitor and PrometheusRule need the Prometheus Operator's CRDs: the real ones of
+a pinned operator release, fetched from the Go module proxy at test time
+(``_operator_crds``; skipped with the reason without Go or the proxy), are created on the API
+server. The chart's renderings of both are then validated against those schemas (a dry
+run, then one real create read back), and so is ``deploy/monitoring/prometheusrule.yaml``;
+objects with one wrong field (a type, a pattern, an enum, an unknown name) are refused.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import json
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from tests.deploy._chart import CHART, HelmError, Obj, render, run_helm
+from tests.deploy._monitoring import PROMETHEUS_RULE
 
+from . import _operator_crds
 from ._apiserver import KubeApiServer
+from ._build import BuildUnavailable
 from ._cluster import RealCluster, poll
 from .test_interop_vap import workloads, write_condition
 
@@ -208,22 +219,239 @@ def test_server_refuses_an_invalid_rendering(helm_bin: Path, dynamic: DynamicCli
     assert "nodeSelector" in (refused.value.body or "")
 
 
-def test_monitoring_objects_need_the_operator_crds(helm_bin: Path, dynamic: DynamicClient) -> None:
-    values = {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}}
-    objects = render(helm_bin, values, release=RELEASE, namespace=NAMESPACE)
-    monitoring = [o for o in objects if o["kind"] in CRD_KINDS]
-    assert _kinds(monitoring) == CRD_KINDS
+# -- the ServiceMonitor and PrometheusRule against the Prometheus Operator's real CRDs ---
+
+MONITORING_VALUES: Obj = {
+    "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+}
+
+
+def _established(dynamic: DynamicClient, name: str) -> bool:
+    crds = dynamic.resources.get(
+        api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition"
+    )
+    conditions = crds.get(name=name).to_dict().get("status", {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+
+def _served(dynamic: DynamicClient, kind: str) -> bool:
     try:
-        dynamic.resources.get(api_version="monitoring.coreos.com/v1", kind="ServiceMonitor")
+        dynamic.resources.get(api_version="monitoring.coreos.com/v1", kind=kind)
     except ResourceNotFoundError:
-        pytest.skip(
-            "the API server serves no monitoring.coreos.com/v1 (the Prometheus Operator's "
-            "CRDs are not installed in the interop cluster): ServiceMonitor and "
-            "PrometheusRule not applied"
+        return False  # not yet in discovery (the lookup refreshes its cache on a miss)
+    return True
+
+
+@pytest.fixture
+def operator_crds(dynamic: DynamicClient) -> dict[str, Obj]:
+    """The operator's ServiceMonitor and PrometheusRule CRDs, created on the API server.
+
+    Fetched from the Go module proxy at a pinned release (``_operator_crds``; skips without
+    Go or the proxy). Created for real and left in place: cluster-wide, but nothing else in
+    the session uses monitoring.coreos.com, and a second apply of the same CRD is a no-op.
+    """
+    try:
+        crds = _operator_crds.operator_crds()
+    except BuildUnavailable as exc:
+        pytest.skip(f"interop: the Prometheus Operator's CRDs unavailable: {exc.reason}")
+    for kind, crd in crds.items():
+        _apply(dynamic, crd, dry_run=False)
+        name = crd["metadata"]["name"]
+        poll(partial(_established, dynamic, name), 30, f"CRD {name} Established")
+        poll(partial(_served, dynamic, kind), 30, f"monitoring.coreos.com/v1 {kind} in discovery")
+    return crds
+
+
+def _contains(actual: Any, expected: Any) -> bool:
+    """Everything in ``expected`` is in ``actual`` (which may have server defaults on top)."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(
+            k in actual and _contains(actual[k], v) for k, v in expected.items()
         )
-    _apply_rendering(dynamic, objects)
+    if isinstance(expected, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(expected)
+            and all(_contains(a, e) for a, e in zip(actual, expected, strict=True))
+        )
+    return bool(actual == expected)
+
+
+def _alerts(rule: Obj) -> list[str]:
+    return [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+
+
+def test_monitoring_objects_are_accepted_by_the_operator_crds(
+    helm_bin: Path, dynamic: DynamicClient, operator_crds: dict[str, Obj]
+) -> None:
+    """The chart's ServiceMonitor and PrometheusRule, validated by the API server against
+    the operator's real CRD schemas: a dry run, then one real create read back."""
+    objects = render(helm_bin, MONITORING_VALUES, release=RELEASE, namespace=NAMESPACE)
+    monitoring = [o for o in objects if o["kind"] in CRD_KINDS]
+    assert _kinds(monitoring) == CRD_KINDS == set(operator_crds)
+    answers = _apply_rendering(dynamic, objects)
+    assert "Service" in answers
     for obj in monitoring:
-        _apply(dynamic, obj)
+        assert not _exists(dynamic, obj), f"{obj['kind']} {obj['metadata']['name']} exists"
+        answer = _apply(dynamic, obj)
+        assert (answer["kind"], answer["metadata"]["name"]) == (
+            obj["kind"],
+            obj["metadata"]["name"],
+        )
+        # Unknown fields would have been refused; what we sent comes back unpruned.
+        assert _contains(answer["spec"], obj["spec"]), answer["spec"]
+        assert not _exists(dynamic, obj), f"dry run stored {obj['kind']}"
+    # The PrometheusRule sent carries the alerts of deploy/monitoring, every one of them.
+    rule = next(o for o in monitoring if o["kind"] == "PrometheusRule")
+    deployed = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    assert _alerts(rule) == _alerts(deployed) != []
+
+    resources = {
+        o["kind"]: dynamic.resources.get(api_version=o["apiVersion"], kind=o["kind"])
+        for o in monitoring
+    }
+    try:
+        for obj in monitoring:
+            _apply(dynamic, obj, dry_run=False)
+            stored = (
+                resources[obj["kind"]]
+                .get(name=obj["metadata"]["name"], namespace=NAMESPACE)
+                .to_dict()
+            )
+            assert _contains(stored["spec"], obj["spec"]), stored["spec"]
+            assert _contains(stored["metadata"]["labels"], obj["metadata"]["labels"])
+    finally:
+        for obj in monitoring:
+            with contextlib.suppress(ApiException):
+                resources[obj["kind"]].delete(name=obj["metadata"]["name"], namespace=NAMESPACE)
+
+
+def test_deploy_prometheusrule_is_accepted(
+    dynamic: DynamicClient, operator_crds: dict[str, Obj]
+) -> None:
+    """deploy/monitoring/prometheusrule.yaml, as `kubectl apply` would send it (dry run)."""
+    rule: Obj = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    namespace = rule["metadata"]["namespace"]
+    core = dynamic.resources.get(api_version="v1", kind="Namespace")
+    try:
+        core.create(body={"metadata": {"name": namespace}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    answer = _apply(dynamic, rule)
+    assert answer["metadata"]["name"] == rule["metadata"]["name"]
+    assert _contains(answer["spec"], rule["spec"]), answer["spec"]
+    assert not _exists(dynamic, rule), "dry run stored the PrometheusRule"
+
+
+def _message(exc: ApiException) -> str:
+    """The message of the API server's Status in an error answer."""
+    try:
+        status = json.loads(exc.body or "")
+    except json.JSONDecodeError:
+        return str(exc.body)
+    return str(status.get("message", ""))
+
+
+def _with(obj: Obj, path: tuple[str | int, ...], value: Any) -> Obj:
+    """A copy of ``obj`` with the field at ``path`` set to ``value``."""
+    changed = copy.deepcopy(obj)
+    parent: Any = changed
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "value", "message"),
+    [
+        # A wrong type: the port is named, a string.
+        (
+            "ServiceMonitor",
+            ("spec", "endpoints", 0, "port"),
+            9500,
+            "spec.endpoints[0].port in body must be of type string",
+        ),
+        # A duration outside the CRD's pattern.
+        (
+            "ServiceMonitor",
+            ("spec", "endpoints", 0, "interval"),
+            "often",
+            "spec.endpoints[0].interval in body should match",
+        ),
+        # An enum: relabel actions are a closed set.
+        (
+            "ServiceMonitor",
+            ("spec", "endpoints", 0, "relabelings", 0, "action"),
+            "rename",
+            "spec.endpoints[0].relabelings[0].action: Unsupported value",
+        ),
+        # A rule's `for` is a duration, by the CRD's pattern.
+        (
+            "PrometheusRule",
+            ("spec", "groups", 0, "rules", 0, "for"),
+            "five minutes",
+            "spec.groups[0].rules[0].for in body should match",
+        ),
+    ],
+    ids=["port-type", "interval-pattern", "relabel-action", "for-pattern"],
+)
+def test_operator_crds_refuse_an_invalid_object(
+    helm_bin: Path,
+    dynamic: DynamicClient,
+    operator_crds: dict[str, Obj],
+    kind: str,
+    path: tuple[str | int, ...],
+    value: Any,
+    message: str,
+) -> None:
+    """The CRDs' schemas bite: a field the chart could get wrong is refused.
+
+    Sent as a dry-run create (``kubectl create --dry-run=server``), which reaches the CRD's
+    OpenAPI validation and its 422. A server-side apply of a wrongly typed field is refused
+    earlier, while building the typed patch, with a 500 that says less; checked too.
+    """
+    objects = render(helm_bin, MONITORING_VALUES, release=RELEASE, namespace=NAMESPACE)
+    _apply_rendering(dynamic, [o for o in objects if o["kind"] == "Namespace"])
+    (obj,) = [o for o in objects if o["kind"] == kind]
+    resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=kind)
+    # The rendering itself is accepted ...
+    resource.create(body=obj, namespace=NAMESPACE, dry_run="All")
+    _apply(dynamic, obj)
+    # ... and with the one changed field it is not.
+    invalid = _with(obj, path, value)
+    with pytest.raises(ApiException) as refused:
+        resource.create(body=invalid, namespace=NAMESPACE, dry_run="All")
+    assert refused.value.status == 422, refused.value.body
+    assert message in _message(refused.value), refused.value.body
+    with pytest.raises(ApiException) as refused:
+        _apply(dynamic, invalid)
+    assert refused.value.status in (422, 500), refused.value.body
+    assert ".".join(str(p) for p in path[:2]) in _message(refused.value), refused.value.body
+
+
+def test_operator_crds_refuse_an_unknown_field(
+    helm_bin: Path, dynamic: DynamicClient, operator_crds: dict[str, Obj]
+) -> None:
+    """A misspelt field is refused, not pruned away in silence (server-side apply)."""
+    objects = render(helm_bin, MONITORING_VALUES, release=RELEASE, namespace=NAMESPACE)
+    _apply_rendering(dynamic, [o for o in objects if o["kind"] == "Namespace"])
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    misspelt = _with(monitor, ("spec", "endpoints", 0, "scrapeInterval"), "30s")
+    with pytest.raises(ApiException) as refused:
+        _apply(dynamic, misspelt)
+    assert refused.value.status in (400, 422, 500), refused.value.body
+    assert ".spec.endpoints[0].scrapeInterval: field not declared in schema" in _message(
+        refused.value
+    )
+    # kubectl create's default (--validate=strict) refuses it too.
+    resource = dynamic.resources.get(api_version=monitor["apiVersion"], kind="ServiceMonitor")
+    strict = [("fieldValidation", "Strict")]  # a parameter the dynamic client has no name for
+    with pytest.raises(ApiException) as refused:
+        resource.create(body=misspelt, namespace=NAMESPACE, dry_run="All", query_params=strict)
+    assert refused.value.status in (400, 422), refused.value.body
+    assert 'unknown field "spec.endpoints[0].scrapeInterval"' in _message(refused.value)
 
 
 # -- a rendering installed for real: its RBAC and admission policy at work ------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubelet_dra import models
+from kubelet_dra.testing import make_claim
 
 NOW = 1_700_000_000.0
 
@@ -58,15 +59,17 @@ def claim(
     uid: str = "claim-uid",
     owner: str | None = None,
 ) -> dict[str, Any]:
-    """A ResourceClaim dict; each result is (request, driver, pool, device)."""
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+    """The public builder's claim with a uid and owner; each result is (request, driver, pool,
+    device). Without results the claim is not allocated (no status)."""
+    out = make_claim(name, namespace, [(d, p, x, r) for r, d, p, x in results], node=None)
+    out["metadata"]["uid"] = uid
     if owner:
-        meta["ownerReferences"] = [
+        out["metadata"]["ownerReferences"] = [
             {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": owner, "controller": True}
         ]
-    devices = [{"request": r, "driver": d, "pool": p, "device": x} for r, d, p, x in results]
-    status = {"allocation": {"devices": {"results": devices}}} if results else {}
-    return {"metadata": meta, "spec": {}, "status": status}
+    if not results:
+        out["status"] = {}
+    return out
 
 
 def healthy(message: str = "") -> models.DeviceHealth:

@@ -1,0 +1,374 @@
+"""Seeded generator of conformance scenarios, with the differences each one must show.
+
+``scenario(seed)`` builds a scenario from ``random.Random(seed)``: one or two
+drivers (now and then one with up to 20,000 devices, across the kubelet's
+16,384 cap), claims over their devices (some request-scoped, some shared by
+pods), pods with one or two containers, and a timeline of episodes:
+
+- a report of some devices with new health, messages up to 2 kB (some of them
+  multi-byte, cut inside a character at the limit), default or 1-3 s timeouts,
+  then a sync point; with short timeouts, a wait past every deadline and
+  another sync point;
+- a stream end (EOF or an error), a sync point before anyone reconnects, and
+  one after both did.
+
+Generated scenarios run on the lines we follow (1.37 and 1.38). Their
+deliberate differences are not guessed: a small model of both sides (the
+kubelet's lazy expiry, clearDriver and second phase; our deadline task and
+per-endpoint end) predicts at which sync point the announced pods differ and
+why, and the scenario declares exactly that, so a prediction that does not
+come true fails the run like an undeclared difference does.
+
+The timeline keeps away from what the model does not cover: a short-lease
+device is never reported again before its deadline has passed, a device
+whose lease ran out is reported again only with a different health or message,
+a stream ends only when its driver's current report has default leases, and
+nobody reports ``Unknown`` without a message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+from tests.conformance import _scenario as sc
+
+LINES = ("1.37", "1.38")
+SEEDS = range(1, 201)
+"""The fixed seeds every run plays."""
+SLOW_SEEDS = range(201, 1201)
+"""More seeds, under ``-m slow``."""
+CAP = 16_384
+MESSAGE_MAX = 1024
+DEFAULT_LEASE = 30.0
+SETTLED = 0.7  # wait past a deadline (the runner adds its own margin on top)
+RECONNECT_WAIT = 6.0
+NOMINAL_BUDGET = 7.0
+"""No new episode after this much nominal time (the longest adds 6 s)."""
+_WORDS = ("ECC", "XID", "thermal", "link", "retrain", "fan", "probing", "ok", "PCIe", "lane")
+
+Key = tuple[str, str]  # (driver, device); one pool per generated driver
+
+
+@dataclasses.dataclass
+class _Stored:
+    value: tuple[str, str]  # (health, message) as reported (message cut like the kubelet)
+    lease: float
+    at: float  # nominal time of the last report
+
+
+class _Model:
+    """Both sides' caches on the scenario's nominal clock, for the announced pods."""
+
+    def __init__(self, users: dict[Key, set[str]]) -> None:
+        self.users = users
+        self.kubelet: dict[str, dict[str, _Stored]] = {}
+        self.ours: dict[str, dict[str, _Stored]] = {}
+        self.ours_unknown: set[Key] = set()  # expired or ended on our side (visible Unknown)
+        self.announced_kubelet: set[str] = set()
+        self.announced_ours: set[str] = set()
+        self.causes: set[str] = set()
+        self.expired_handled: set[Key] = set()
+
+    def _pods(self, key: Key) -> set[str]:
+        return self.users.get(key, set())
+
+    def ours_visible(self, key: Key, now: float) -> tuple[str, str]:
+        rec = self.ours.get(key[0], {}).get(key[1])
+        if rec is None or key in self.ours_unknown or now - rec.at > rec.lease:
+            return ("Unknown", "")
+        return rec.value
+
+    def advance(self, now: float) -> None:
+        """Our deadline task: leases that ran out by ``now`` turn Unknown, pods announced."""
+        for driver, devices in self.ours.items():
+            for name, rec in devices.items():
+                key = (driver, name)
+                if key in self.ours_unknown or now - rec.at <= rec.lease:
+                    continue
+                self.ours_unknown.add(key)
+                if rec.value != ("Unknown", ""):
+                    self.announced_ours |= self._pods(key)
+                    if self._pods(key):
+                        self.causes.add("unknown-at-deadline")
+
+    def report(self, driver: str, devices: list[tuple[str, tuple[str, str], float]], now: float):
+        self.advance(now)
+        kub = self.kubelet.setdefault(driver, {})
+        ours = self.ours.setdefault(driver, {})
+        reported = {name for name, _, _ in devices}
+        for name, value, lease in devices:
+            key = (driver, name)
+            old = kub.get(name)
+            if old is None and len(kub) >= CAP:
+                continue  # both sides ignore new devices of a full driver
+            if old is None or old.value != value or old.lease != lease:
+                self.announced_kubelet |= self._pods(key)
+            kub[name] = _Stored(value, lease, now)
+            before = self.ours_visible(key, now)
+            prev = ours.get(name)
+            if prev is None or before != value or prev.lease != lease:
+                self.announced_ours |= self._pods(key)
+            ours[name] = _Stored(value, lease, now)
+            self.ours_unknown.discard(key)
+        # The kubelet's second phase: expired devices missing from the report turn
+        # Unknown once (announced) and are deleted.
+        for name in [n for n in kub if n not in reported]:
+            rec = kub[name]
+            if now - rec.at > rec.lease:
+                if rec.value[0] != "Unknown":
+                    self.announced_kubelet |= self._pods((driver, name))
+                    if self._pods((driver, name)):
+                        self.causes.add("unknown-at-deadline")
+                del kub[name]
+                ours.pop(name, None)  # we delete expired entries too (after the notice)
+
+    def end(self, driver: str, now: float) -> None:
+        self.advance(now)
+        self.kubelet.pop(driver, None)  # clearDriver: nobody announced
+        for name in self.ours.get(driver, {}):
+            key = (driver, name)
+            if self.ours_visible(key, now) != ("Unknown", ""):
+                self.announced_ours |= self._pods(key)
+                if self._pods(key):
+                    self.causes.add("notify-at-stream-end")
+            self.ours_unknown.add(key)
+
+    def sync(self, now: float) -> tuple[set[str], set[str], set[str]]:
+        self.advance(now)
+        out = (self.announced_ours, self.announced_kubelet, self.causes)
+        self.announced_ours, self.announced_kubelet, self.causes = set(), set(), set()
+        return out
+
+
+@dataclasses.dataclass
+class _Plan:
+    rng: random.Random
+    drivers: dict[str, list[str]]
+    users: dict[Key, set[str]]
+    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    differences: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    now: float = 0.0
+    syncs: int = 0
+    current: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    split_messages: set[Key] = dataclasses.field(default_factory=set)
+    visible_split: bool = False
+
+    def __post_init__(self) -> None:
+        self.model = _Model(self.users)
+        self.last: dict[Key, tuple[tuple[str, str], float, float]] = {}
+
+    def sync(self) -> None:
+        self.syncs += 1
+        name = f"s{self.syncs}"
+        self.steps.append({"sync": name})
+        ours, kubelet, causes = self.model.sync(self.now)
+        if ours != kubelet:
+            self.differences.append(
+                {"feature": sorted(causes)[0] if causes else "unknown-at-deadline",
+                 "kinds": ["announced"], "at": [name], "extra": sorted(causes)[1:]}
+            )  # fmt: skip
+        if any(
+            self.model.ours_visible(k, self.now) != ("Unknown", "") for k in self.split_messages
+        ):
+            self.visible_split = True
+
+    def wait(self, seconds: float) -> None:
+        seconds = round(seconds, 2)
+        self.steps.append({"wait": seconds})
+        self.now += seconds
+
+
+def _message(rng: random.Random) -> str:
+    roll = rng.random()
+    if roll < 0.35:
+        return ""
+    if roll < 0.75:
+        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 6)))
+    length = rng.randint(900, 2048)
+    if roll < 0.9:
+        return "".join(rng.choice("abcdefghij 0123456789") for _ in range(length))
+    unit = rng.choice(["é", "温", "🙂"])
+    return rng.choice(["", "x", "xy"]) + unit * (length // len(unit.encode()))
+
+
+def _cut(message: str) -> tuple[str, bool]:
+    """The kubelet's byte cut, and whether it splits a character."""
+    raw = message.encode()
+    if len(raw) <= MESSAGE_MAX:
+        return message, False
+    head = raw[: MESSAGE_MAX - 3]
+    try:
+        return head.decode() + "...", False
+    except UnicodeDecodeError:
+        return head.decode(errors="replace") + "...", True
+
+
+def _report_episode(plan: _Plan, driver: str) -> None:
+    rng = plan.rng
+    names = plan.drivers[driver]
+    big = len(names) > 100
+    short = not big and rng.random() < 0.4
+    if big and driver not in plan.current:
+        _big_first_report(plan, driver)
+        return
+    chosen = rng.sample(names, k=rng.randint(1, min(len(names), 6)))
+    devices: list[dict[str, Any]] = []
+    model_devices = []
+    for name in chosen:
+        key = (driver, name)
+        previous = plan.last.get(key)
+        expired = previous is not None and plan.now - previous[2] > previous[1]
+        for _ in range(20):
+            health = rng.choice(["Healthy", "Unhealthy", "Unknown"])
+            message = "" if big else _message(rng)
+            if health == "Unknown" and not message:
+                message = "probing"
+            value = (health, _cut(message)[0])
+            if not (expired and previous is not None and previous[0] == value):
+                break
+        lease = float(rng.choice([1, 2, 3])) if short and rng.random() < 0.7 else DEFAULT_LEASE
+        device: dict[str, Any] = {"device": name, "health": health}
+        if message:
+            device["message"] = message
+        if lease != DEFAULT_LEASE:
+            device["timeout"] = int(lease)
+        devices.append(device)
+        model_devices.append((name, value, lease))
+        plan.last[key] = (value, lease, plan.now)
+        if _cut(message)[1]:
+            plan.split_messages.add(key)
+        else:
+            plan.split_messages.discard(key)
+    plan.steps.append({"report": {"driver": driver, "devices": devices}})
+    plan.current[driver] = devices
+    plan.model.report(driver, model_devices, plan.now)
+    leases = [lease for _, _, lease in model_devices if lease != DEFAULT_LEASE]
+    if not leases or min(leases) >= 2:
+        plan.sync()
+    if leases:
+        plan.wait(max(leases) + SETTLED)
+        plan.sync()
+
+
+def _big_first_report(plan: _Plan, driver: str) -> None:
+    """The first report of a big driver names every device (past the cap)."""
+    names = plan.drivers[driver]
+    health = plan.rng.choice(["Healthy", "Unhealthy"])
+    devices = [{"device": "dev-", "count": len(names), "health": health}]
+    for n in names:
+        plan.last[(driver, n)] = ((health, ""), DEFAULT_LEASE, plan.now)
+    plan.steps.append({"report": {"driver": driver, "devices": devices}})
+    plan.current[driver] = devices
+    plan.model.report(driver, [(n, (health, ""), DEFAULT_LEASE) for n in names], plan.now)
+    plan.sync()
+
+
+def _end_episode(plan: _Plan, driver: str) -> bool:
+    current = plan.current.get(driver)
+    if not current or any("timeout" in d for d in current):
+        return False
+    code = plan.rng.choice([None, "UNAVAILABLE", "INTERNAL"])
+    plan.steps.append({"end_stream": {"driver": driver, "code": code}})
+    plan.model.end(driver, plan.now)
+    plan.sync()
+    plan.wait(RECONNECT_WAIT)
+    # Both reconnect and receive the driver's current report again.
+    model_devices = []
+    for d in current:
+        if "count" in d:
+            model_devices += [
+                (f"dev-{i}", (d["health"], ""), DEFAULT_LEASE) for i in range(d["count"])
+            ]
+        else:
+            value = (d["health"], _cut(d.get("message", ""))[0])
+            model_devices.append((d["device"], value, DEFAULT_LEASE))
+            plan.last[(driver, d["device"])] = (value, DEFAULT_LEASE, plan.now)
+    plan.model.report(driver, model_devices, plan.now)
+    plan.sync()
+    return True
+
+
+def _inventory(rng: random.Random, seed: int, slow: bool) -> dict[str, list[str]]:
+    drivers: dict[str, list[str]] = {}
+    for i in range(rng.choice([1, 1, 2])):
+        name = f"drv-{'ab'[i]}.example.com"
+        big = seed % 40 == 7 or (slow and rng.random() < 0.05)
+        count = rng.randint(CAP - 50, 20_000) if big else rng.randint(2, 12)
+        drivers[name] = [f"dev-{n}" for n in range(count)]
+    return drivers
+
+
+def scenario(seed: int, *, slow: bool = False) -> sc.Scenario:
+    """The generated scenario for ``seed`` (``slow``: bigger drivers more often)."""
+    rng = random.Random(seed)
+    drivers = _inventory(rng, seed, slow)
+    claims: list[dict[str, Any]] = []
+    for c in range(rng.randint(1, 4)):
+        driver = rng.choice(list(drivers))
+        names = drivers[driver]
+        # Prepare order = resourceID (string) order: no order difference on 1.37.
+        pick = sorted(
+            names[i] for i in rng.sample(range(len(names)), k=min(len(names), rng.randint(1, 3)))
+        )
+        request = rng.choice(["", "", "gpu"])
+        claims.append(
+            {
+                "name": f"claim-{c}",
+                "devices": [
+                    {"driver": driver, "pool": "pool", "device": name, "request": request}
+                    for name in pick
+                ],
+            }
+        )
+    pods: list[dict[str, Any]] = []
+    users: dict[Key, set[str]] = {}
+    for p in range(rng.randint(1, 3)):
+        mine = rng.sample(claims, k=rng.randint(1, min(2, len(claims))))
+        refs = [{"name": f"r{i}", "claim": c["name"]} for i, c in enumerate(mine)]
+        containers = []
+        for n in range(rng.randint(1, 2)):
+            used = []
+            for i, chosen in enumerate(mine):
+                if rng.random() < 0.8:
+                    request = chosen["devices"][0]["request"]
+                    used.append(f"r{i}/{request}" if request and rng.random() < 0.5 else f"r{i}")
+            containers.append({"name": f"c{n}", "claims": used})
+        pods.append({"name": f"pod-{p}", "claims": refs, "containers": containers})
+        for chosen in mine:
+            for d in chosen["devices"]:
+                users.setdefault((d["driver"], d["device"]), set()).add(f"pod-{p}")
+    plan = _Plan(rng, drivers, users)
+    plan.sync()
+    for _ in range(rng.randint(3, 7)):
+        if plan.now > NOMINAL_BUDGET:
+            break  # default leases (30 s) must not run out in real time, settling included
+        driver = rng.choice(list(drivers))
+        if rng.random() < 0.25 and _end_episode(plan, driver):
+            continue
+        _report_episode(plan, driver)
+    differences = []
+    for diff in plan.differences:
+        for feature in [diff["feature"], *diff["extra"]]:
+            differences.append({"feature": feature, "kinds": diff["kinds"], "at": diff["at"]})
+    if plan.visible_split:
+        differences.append({"feature": "message-char-boundary", "kinds": ["status", "devices"]})
+    return sc.Scenario.model_validate(
+        {
+            "name": f"generated-{seed}",
+            "description": f"generated from seed {seed}",
+            "lines": list(LINES),
+            "drivers": [{"name": d} for d in drivers],
+            "claims": claims,
+            "pods": pods,
+            "timeline": plan.steps,
+            "differences": differences,
+            "generated": True,
+        }
+    )
+
+
+def every_run() -> list[sc.Scenario]:
+    """The generated scenarios of every run (fixed seeds)."""
+    return [scenario(seed) for seed in SEEDS]

@@ -1,0 +1,106 @@
+"""The conformance matrix in ``docs/conformance.md``: scenario by kubelet line.
+
+A cell says ``same`` (nothing differed), ``declared difference (<features>)``
+(the run showed exactly the differences the scenario declares for that line),
+``known bug`` (an undeclared difference that is reported and not fixed yet),
+or ``n/a`` (the scenario does not run on that line: it uses something the line
+does not have). A passing run produces exactly the cell the scenario's
+declarations predict, which is what lets a test check the committed copy
+without Go: :func:`render` from the scenario files must equal the committed
+section, and the conformance run asserts every result's cell equals it.
+``python -m tests.conformance._suite --write-matrix`` rewrites the section
+from a run's results.
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+from tests.conformance import _generate
+from tests.conformance import _scenario as sc
+
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
+BEGIN = "<!-- matrix: written by `python -m tests.conformance._suite --write-matrix` -->"
+END = "<!-- end of matrix -->"
+
+
+class _Result(Protocol):
+    scenario: str
+    line: str
+
+    def cell(self) -> str: ...
+
+
+def cell(scenario: sc.Scenario, line: str) -> str:
+    """The cell a passing run of ``scenario`` on ``line`` writes."""
+    if line not in scenario.lines:
+        return "n/a"
+    if scenario.known_bug:
+        return "known bug"
+    features = sorted({d.feature for d in scenario.differences if line in d.lines})
+    if not features:
+        return "same"
+    return "declared difference (" + ", ".join(features) + ")"
+
+
+def render(
+    scenarios: Sequence[sc.Scenario],
+    results: Mapping[str, Iterable[_Result]] | None = None,
+    *,
+    generated: Sequence[sc.Scenario] | None = None,
+) -> str:
+    """The matrix section; cells from ``results`` where a line was run."""
+    ran: dict[tuple[str, str], str] = {}
+    for line, done in (results or {}).items():
+        for result in done:
+            ran[(result.scenario, line)] = result.cell()
+    head = "| scenario | " + " | ".join(sc.LINES) + " |"
+    rows = [head, "|---|" + "---|" * len(sc.LINES)]
+    for scenario in sorted(scenarios, key=lambda s: s.name):
+        cells = [ran.get((scenario.name, line), cell(scenario, line)) for line in sc.LINES]
+        rows.append(f"| `{scenario.name}` | " + " | ".join(cells) + " |")
+    legend = ["", "| feature | what differs on purpose |", "|---|---|"]
+    used = sorted({d.feature for s in scenarios for d in s.differences})
+    legend += [f"| `{f}` | {sc.FEATURES[f]} |" for f in used]
+    bugs = [s for s in scenarios if s.known_bug]
+    notes = [""]
+    if bugs:
+        notes.append("Known bugs (undeclared differences found by the run, not fixed yet):")
+        notes.append("")
+        notes += [f"- `{s.name}`: {' '.join(s.known_bug.split())}" for s in bugs]
+    gen = generated if generated is not None else _generate.every_run()
+    notes += ["", _generated_summary(gen)]
+    return "\n".join([BEGIN, *rows, *legend, *notes, END])
+
+
+def _generated_summary(generated: Sequence[sc.Scenario]) -> str:
+    counts: collections.Counter[str] = collections.Counter()
+    for scenario in generated:
+        for feature in {d.feature for d in scenario.differences}:
+            counts[feature] += 1
+    same = sum(1 for s in generated if not s.differences)
+    parts = ", ".join(f"`{f}` in {n}" for f, n in sorted(counts.items()))
+    seeds = f"seeds {_generate.SEEDS.start}-{_generate.SEEDS.stop - 1}"
+    return (
+        f"Generated scenarios: {len(generated)} ({seeds}) on kubelet "
+        f"{' and '.join(_generate.LINES)} in every run; {same} show no difference, the others "
+        f"declare (from the generator's model of both sides) {parts}."
+    )
+
+
+def section(text: str) -> str:
+    match = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), text, re.S)
+    if match is None:
+        raise ValueError(f"{DOC.name} has no matrix section ({BEGIN!r} ... {END!r})")
+    return match.group(0)
+
+
+def write(
+    scenarios: Sequence[sc.Scenario], results: Mapping[str, Iterable[_Result]] | None
+) -> None:
+    text = DOC.read_text(encoding="utf-8")
+    DOC.write_text(text.replace(section(text), render(scenarios, results)), encoding="utf-8")

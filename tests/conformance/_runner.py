@@ -1,0 +1,681 @@
+"""Play a scenario against the kubelet twin and our library and compare them.
+
+One :class:`Run` per (scenario, kubelet line): its own directory, drivers,
+twin process and ``DRAHealthManager``. Both sides register the same endpoints,
+prepare the same pods through the same driver sockets and stream from the
+same health services. After each driver action the run *settles*: it waits a
+minimum of :data:`SETTLE` seconds, then polls until our stream counted the
+reports and the twin's checkpoint is stable, with a deadline. Before a sync
+point it keeps :data:`DEADLINE_MARGIN` seconds away from every lease deadline
+it caused, so wall-clock leases cannot make a comparison flaky.
+
+:func:`run_all` runs many scenarios concurrently on one event loop, so the
+wall-clock waits of the kubelet (5 s reconnects, leases) overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import io
+import json
+import logging
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from kubelet_dra import cli
+from tests.conformance import _compare, _drivers, _objects, _ours, _twinlike
+from tests.conformance import _scenario as sc
+
+SETTLE = 0.3
+"""Minimum seconds after a driver action before anything is read."""
+SETTLE_DEADLINE = 8.0
+"""Longest wait for the twin's checkpoint to settle after a driver action."""
+REPORT_DEADLINE = 30.0
+"""Longest wait for our stream to take a report (then the run's timing failed)."""
+DEADLINE_MARGIN = 0.5
+"""A sync point keeps at least this far from any lease deadline."""
+OUR_RECONNECT = (1.6, 2.0)
+"""Earliest and latest reconnect of our stream after an end (backoff 2 s, jitter 20%)."""
+KUBELET_RECONNECT = 5.0
+"""The kubelet's fixed pause before it reopens a stream (``wait.Until``, 5 s)."""
+ATTEMPTS = 3
+"""Runs of a scenario whose timing a slow machine could not keep (never one that
+showed a difference)."""
+STATE_FILE = "dra_health_state"
+
+
+class TimingError(Exception):
+    """A sync point fell too close to a lease deadline to compare reliably."""
+
+
+TwinFactory = Callable[[str], Awaitable[_twinlike.TwinLike]]
+
+
+@dataclasses.dataclass
+class RunResult:
+    scenario: str
+    line: str
+    version: str
+    seconds: float
+    observed: list[_compare.Observed]
+    verdict: _compare.Verdict
+    error: str = ""
+    attempts: int = 1
+    known_bug: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.verdict.ok
+
+    @property
+    def as_known(self) -> bool:
+        """Failed the way its known bug says: undeclared differences only."""
+        return (
+            bool(self.known_bug)
+            and not self.error
+            and not self.verdict.missing
+            and (bool(self.verdict.unexplained))
+        )
+
+    def cell(self) -> str:
+        """The matrix cell: same, or the declared differences it showed."""
+        if self.as_known:
+            return "known bug"
+        if not self.ok:
+            return "FAILED"
+        features = sorted({d.feature for d in self.verdict.seen})
+        if not features:
+            return "same"
+        return "declared difference (" + ", ".join(features) + ")"
+
+    def report(self) -> str:
+        lines = [f"{self.scenario} on kubelet {self.line} ({self.version}):"]
+        if self.error:
+            lines.append(f"  run error: {self.error}")
+        for obs in self.verdict.unexplained:
+            lines.append("  UNDECLARED " + obs.render().replace("\n", "\n  "))
+        for diff in self.verdict.missing:
+            where = f" at {', '.join(diff.at)}" if diff.at else ""
+            lines.append(
+                f"  DECLARED BUT NOT SEEN: {diff.feature} ({', '.join(diff.kinds)}){where}"
+            )
+        return "\n".join(lines)
+
+
+def _twin_line(line: str) -> int:
+    return int(line.split(".")[1])
+
+
+def twin_streams(line: str, services: Sequence[str]) -> bool:
+    """Whether this kubelet line opens a health stream for these services."""
+    if _twin_line(line) >= 37:
+        return any(s in services for s in ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"))
+    return True
+
+
+class Run:
+    def __init__(
+        self, scenario: sc.Scenario, line: str, twin: _twinlike.TwinLike, workdir: pathlib.Path
+    ) -> None:
+        self.scenario = scenario
+        self.line = line
+        self.twin = twin
+        self.dir = workdir
+        self.ours = _ours.OurSide(workdir / "ours", node=scenario.node, registry=workdir / "reg")
+        self.drivers: dict[tuple[str, str], _drivers.ScenarioDriver] = {}
+        self.registered: dict[tuple[str, str], str] = {}  # (driver, endpoint name) -> socket
+        self.observed: list[_compare.Observed] = []
+        self.at = "setup"
+        self.claims = {c.name: _objects.claim_object(scenario, c) for c in scenario.claims}
+        self.pods = {p.name: _objects.pod_object(scenario, p) for p in scenario.pods}
+        self.names = _objects.pod_uid_names(scenario)
+        self.keys = list(sc.iter_devices(scenario))
+        # Per device: (nominal report time, real report time, lease). Nominal time is
+        # the scenario's own clock: the sum of its waits (settling counts as zero).
+        self.leases: dict[tuple[str, str, str], tuple[float, float, float]] = {}
+        self.nominal = 0.0
+        self.ends: dict[tuple[str, str], tuple[float, float, int]] = {}
+        self._sockets = 0
+
+    # -- the whole run -----------------------------------------------------
+
+    async def execute(self) -> RunResult:
+        started = time.monotonic()
+        error = ""
+        try:
+            await self._setup()
+            for i, step in enumerate(self.scenario.timeline):
+                self.at = f"step {i} ({step.kind})"
+                await self._step(step)
+            self.at = "end"
+            await self._final()
+        except _twinlike.TwinCrashed as exc:
+            self.observed.append(_compare.Observed("twin", self.at, "twin", "running", str(exc)))
+        except TimingError:
+            raise
+        except Exception as exc:
+            error = f"{self.at}: {type(exc).__name__}: {exc}"
+        finally:
+            await self._teardown()
+        verdict = _compare.classify(self.scenario, self.line, self.observed)
+        return RunResult(
+            self.scenario.name,
+            self.line,
+            getattr(self.twin, "version", ""),
+            time.monotonic() - started,
+            self.observed,
+            verdict,
+            error,
+            known_bug=self.scenario.known_bug,
+        )
+
+    async def _setup(self) -> None:
+        twin_dir = self.dir / "twin"
+        twin_dir.mkdir(parents=True)
+        if self.scenario.checkpoint is not None:
+            (twin_dir / STATE_FILE).write_text(self.scenario.checkpoint)
+        await self._twin_ok("start", self.twin.start(str(twin_dir), self.scenario.node))
+        await self.ours.start()
+        await self._twin_ok("claims", self.twin.claims(list(self.claims.values())))
+        for driver in self.scenario.drivers:
+            await self._start_endpoint(driver, "main", register=driver.registered)
+        for pod in self.scenario.pods:
+            if pod.prepare:
+                await self._prepare(pod.name)
+        await self._settle()
+
+    async def _teardown(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.twin.stop(), 10)
+        kill = getattr(self.twin, "kill", None)
+        if kill is not None:
+            with contextlib.suppress(Exception):
+                await kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.ours.stop(), 15)
+        for drv in self.drivers.values():
+            with contextlib.suppress(Exception):
+                await drv.stop()
+
+    async def _twin_ok(self, op: str, call: Awaitable[_twinlike.Reply]) -> _twinlike.Reply:
+        reply = await call
+        if op == "state" and "not JSON" in str(reply.get("error", "")):
+            # The kubelet itself loads an unparsable checkpoint as an empty cache.
+            return {"ok": True, "state": None, "raw": reply.get("error")}
+        if not reply.get("ok", False) and op in ("start", "claims", "sync", "state"):
+            raise _twinlike.TwinCrashed(f"{op} failed: {reply.get('error')}")
+        return reply
+
+    # -- endpoints -----------------------------------------------------------
+
+    def _driver_spec(self, name: str) -> sc.Driver:
+        return next(d for d in self.scenario.drivers if d.name == name)
+
+    async def _start_endpoint(self, spec: sc.Driver, endpoint: str, *, register: bool) -> None:
+        self._sockets += 1
+        drv = _drivers.ScenarioDriver(
+            spec.name,
+            registry=self.dir / "reg",
+            plugin_dir=self.dir / f"s{self._sockets}",
+            answers=_objects.prepare_answers(self.scenario, spec.name),
+            health_versions=spec.health_versions,
+            dra_versions=spec.dra_versions,
+            unimplemented=spec.unimplemented,
+            supported_versions=spec.services,
+        )
+        old = self.drivers.get((spec.name, endpoint))
+        if old is not None and old._devices is not None:
+            drv._devices = list(old._devices)  # a restarted driver knows its devices
+        await drv.start()
+        self.drivers[(spec.name, endpoint)] = drv
+        if register:
+            await self._register(spec.name, endpoint)
+
+    async def _register(self, driver: str, endpoint: str) -> None:
+        drv = self.drivers[(driver, endpoint)]
+        socket = str(drv.dra_socket)
+        services = drv.supported_versions
+        calls = _stream_calls(drv)
+        twin = await self.twin.register(driver, socket, services)
+        ours = await self.ours.register(driver, socket, services)
+        self._compare_registration(driver, socket, twin, ours)
+        self.registered[(driver, endpoint)] = socket
+        expected = calls
+        if twin.get("ok") and twin_streams(self.line, services):
+            expected += 1
+        if ours is None and any("DRAResourceHealth" in s for s in services):
+            expected += 1
+        await _until(lambda: _stream_calls(drv) >= expected, 3.0)
+        await asyncio.sleep(SETTLE)
+
+    def _compare_registration(
+        self, driver: str, endpoint: str, twin: _twinlike.Reply, ours: str | None
+    ) -> None:
+        twin_ok, ours_ok = bool(twin.get("ok")), ours is None
+        if twin_ok != ours_ok:
+            self.observed.append(
+                _compare.Observed(
+                    "registration",
+                    self.at,
+                    f"register {driver} at {endpoint}",
+                    "accepted" if ours_ok else f"refused: {ours}",
+                    "accepted" if twin_ok else f"refused: {twin.get('error')}",
+                )
+            )
+
+    async def _deregister(self, driver: str, endpoint: str) -> None:
+        socket = self.registered.pop((driver, endpoint), None)
+        if socket is None:
+            return
+        await self.twin.deregister(driver, socket)
+        await self.ours.deregister(driver, socket)
+
+    # -- the timeline ----------------------------------------------------------
+
+    async def _step(self, step: sc.Step) -> None:
+        args = step.args
+        handler = getattr(self, f"_do_{step.kind}")
+        await handler(args)
+
+    async def _do_report(self, args: sc.Report) -> None:
+        drv = self.drivers[(args.driver, args.endpoint)]
+        devices = [d for report in args.devices for d in report.expand()]
+        sent = devices
+        before = self._our_reports(args.driver, args.endpoint)
+        for i in range(args.times):
+            sent = devices
+            if args.alternate and sent:
+                health = "Healthy" if i % 2 == 0 else "Unhealthy"
+                sent = [{**d, "health": health} for d in devices]
+            await drv.set_health(*sent)
+        now = time.time()
+        for d in devices:
+            lease = d["timeout_seconds"] if d["timeout_seconds"] > 0 else 30
+            self.leases[(args.driver, d["pool"], d["device"])] = (self.nominal, now, lease)
+        if before is not None and not drv.silent:
+            caught_up = await _until(
+                lambda: (self._our_reports(args.driver, args.endpoint) or 0) >= before + args.times,
+                REPORT_DEADLINE,
+            )
+            if not caught_up:
+                raise TimingError(f"our stream: {args.times} reports took over {REPORT_DEADLINE}s")
+        if sent and not drv.silent:
+            await self._twin_took(args.driver, sent[0])
+        await self._settle()
+
+    async def _twin_took(self, driver: str, device: dict[str, Any]) -> None:
+        """Wait until the twin's checkpoint shows the report's first device (if the twin
+        streams at all; a twin that does not is given a few seconds, then the stable
+        checkpoint of :meth:`_settle` decides)."""
+        health = device["health"]
+        if isinstance(health, int):
+            health = {1: "Healthy", 2: "Unhealthy"}.get(health, "Unknown")
+        request: dict[str, Any] = {
+            "driver": driver,
+            "pool": device["pool"],
+            "device": device["device"],
+            "health": health,
+            "timeoutMs": 3000,
+        }
+        message = str(device.get("message") or "")
+        if _twin_line(self.line) >= 36 and len(message.encode()) <= 1024:
+            request["message"] = message
+        call = getattr(self.twin, "call", None)
+        if call is not None:
+            await call("wait_state", **request)
+
+    def _our_reports(self, driver: str, endpoint: str) -> int | None:
+        socket = self.registered.get((driver, endpoint))
+        state = self.ours.stream_state(socket) if socket else None
+        if state is None or state[0] not in ("connecting", "streaming"):
+            return None
+        return state[1]
+
+    async def _do_silence(self, args: sc.EndpointRef) -> None:
+        self.drivers[(args.driver, args.endpoint)].set_silent(True)
+
+    async def _do_resume(self, args: sc.EndpointRef) -> None:
+        drv = self.drivers[(args.driver, args.endpoint)]
+        drv.set_silent(False)
+        drv.unimplemented = False
+
+    async def _do_end_stream(self, args: sc.EndStream) -> None:
+        drv = self.drivers[(args.driver, args.endpoint)]
+        self.ends[(args.driver, args.endpoint)] = (self.nominal, time.time(), _stream_calls(drv))
+        await drv.end_streams(args.code)
+        await self._after_stream_end(args.driver, args.endpoint)
+
+    async def _do_unimplemented(self, args: sc.EndpointRef) -> None:
+        drv = self.drivers[(args.driver, args.endpoint)]
+        drv.unimplemented = True
+        await drv.end_streams("UNIMPLEMENTED", fakedriver_not_supported())
+        await self._after_stream_end(args.driver, args.endpoint)
+
+    async def _after_stream_end(self, driver: str, endpoint: str) -> None:
+        socket = self.registered.get((driver, endpoint))
+
+        def ended() -> bool:
+            state = self.ours.stream_state(socket) if socket else None
+            return state is None or state[0] not in ("connecting", "streaming")
+
+        await _until(ended, SETTLE_DEADLINE)
+        await self._settle()
+
+    async def _do_restart(self, args: sc.Restart) -> None:
+        drv = self.drivers[(args.driver, args.endpoint)]
+        if not args.new_socket:
+            self.ends[(args.driver, args.endpoint)] = (self.nominal, time.time(), 0)
+            await drv.restart()  # a new process: its call counts start again
+            await self._after_stream_end(args.driver, args.endpoint)
+            return
+        await self._deregister(args.driver, args.endpoint)
+        await drv.stop()
+        await self._start_endpoint(self._driver_spec(args.driver), args.endpoint, register=True)
+        await self._settle()
+
+    async def _do_reregister(self, args: sc.EndpointRef) -> None:
+        await self._deregister(args.driver, args.endpoint)
+        await self._settle()
+        await self._register(args.driver, args.endpoint)
+        await self._settle()
+
+    async def _do_start_endpoint(self, args: sc.StartEndpoint) -> None:
+        await self._start_endpoint(self._driver_spec(args.driver), args.endpoint, register=True)
+        await self._settle()
+
+    async def _do_stop_endpoint(self, args: sc.EndpointRef) -> None:
+        await self._deregister(args.driver, args.endpoint)
+        await self.drivers[(args.driver, args.endpoint)].stop()
+        await self._settle()
+
+    async def _do_deregister(self, args: sc.EndpointRef) -> None:
+        await self._deregister(args.driver, args.endpoint)
+        await self._settle()
+
+    async def _do_register(self, args: sc.Register) -> None:
+        twin = await self.twin.register(args.driver, args.endpoint, args.services)
+        ours = await self.ours.register(args.driver, args.endpoint, args.services)
+        self._compare_registration(args.driver, args.endpoint, twin, ours)
+        await asyncio.sleep(SETTLE)
+
+    async def _do_prepare(self, args: sc.PodRef) -> None:
+        await self._prepare(args.pod)
+        await self._settle()
+
+    async def _prepare(self, name: str) -> None:
+        pod = self.pods[name]
+        twin = await self.twin.prepare(pod)
+        twin_error = "" if twin.get("ok") and not twin.get("error") else str(twin.get("error"))
+        ours = await self.ours.prepare(pod, self.claims)
+        if bool(twin_error) != bool(ours):
+            self.observed.append(
+                _compare.Observed(
+                    "prepare",
+                    self.at,
+                    f"prepare pod {name}",
+                    f"failed: {ours}" if ours else "prepared",
+                    f"failed: {twin_error}" if twin_error else "prepared",
+                )
+            )
+
+    async def _do_unprepare(self, args: sc.PodRef) -> None:
+        pod = self.pods[args.pod]
+        reply = await self.twin.unprepare(pod)
+        if not reply.get("ok"):
+            self.observed.append(
+                _compare.Observed(
+                    "prepare", self.at, f"unprepare pod {args.pod}", "ok", reply.get("error")
+                )
+            )
+        self.ours.unprepare(pod)
+        await self._settle()
+
+    async def _do_wait(self, args: sc.Wait) -> None:
+        self.nominal += args.seconds
+        await asyncio.sleep(args.seconds)
+
+    async def _do_sync(self, args: sc.Sync) -> None:
+        self.at = f"sync {args.name}"
+        await self._away_from_deadlines()
+        if not await _until(self.ours.settled, REPORT_DEADLINE):
+            raise TimingError("our deadline task or status callback fell behind wall-clock time")
+        reply = await self._twin_ok("sync", self.twin.sync(list(self.pods.values())))
+        announced = self.ours.take_announced()
+        twin_announced = {self.names.get(u, u) for u in reply.get("announced") or ()}
+        ours_announced = {self.names.get(u, u) for u in announced}
+        if twin_announced != ours_announced:
+            self.observed.append(
+                _compare.Observed(
+                    "announced", args.name, "pods announced since the previous sync",
+                    sorted(ours_announced), sorted(twin_announced),
+                )
+            )  # fmt: skip
+        statuses = reply.get("statuses") or {}
+        ordered = _twin_line(self.line) >= 38
+        for name, pod in self.pods.items():
+            uid = pod["metadata"]["uid"]
+            self.observed += _compare.compare_status(
+                args.name, name, self.ours.status_of(pod), statuses.get(uid) or {}, ordered=ordered
+            )
+        state = (await self._twin_ok("state", self.twin.state())).get("state")
+        now = time.time()
+        self.observed += _compare.compare_devices(
+            args.name, self.ours.devices(self.keys), state, now
+        )
+        if self.scenario.compare_stored:
+            await self._compare_stored(args.name, state)
+
+    async def _compare_stored(self, at: str, state: Any) -> None:
+        rows, error = await _cache_show(self.dir / "ours", flag="--state-dir")
+        ours = sorted("/".join(_compare.row_key(r)) for r in rows)
+        twin = sorted("/".join(_compare.row_key(r)) for r in _compare.checkpoint_rows(state))
+        if error or ours != twin:
+            self.observed.append(
+                _compare.Observed("stored", at, "devices each cache stores", error or ours, twin)
+            )
+
+    async def _away_from_deadlines(self) -> None:
+        """Keep a sync point on the side of every lease deadline the scenario means.
+
+        The scenario's nominal clock says whether a lease has run out at this sync
+        point; real time must agree, at least :data:`DEADLINE_MARGIN` away from the
+        deadline. Just past one, the run waits a little; on the wrong side (a slow
+        machine stretched the settling) it raises :class:`TimingError`, and the run
+        is repeated rather than compared by luck.
+        """
+        now = time.time()
+        wait = 0.0
+        for key, (nominal, real, lease) in self.leases.items():
+            expired = self.nominal - nominal > lease
+            deadline = real + lease
+            if expired and now < deadline + DEADLINE_MARGIN:
+                wait = max(wait, deadline + DEADLINE_MARGIN - now)
+            elif not expired and now > deadline - DEADLINE_MARGIN:
+                raise TimingError(
+                    f"{'/'.join(key)}: the sync point came {now - real:.2f}s after the report, "
+                    f"within {DEADLINE_MARGIN}s of its {lease:g}s lease (the scenario means "
+                    "it to be before the deadline)"
+                )
+        wait = max(wait, self._away_from_reconnects(now))
+        if wait:
+            await asyncio.sleep(wait)
+        await self._reconnected()
+
+    async def _reconnected(self) -> None:
+        """After a reconnect the scenario means to have happened: both streams are open again
+        (the driver counted both calls) and both sides took the first report."""
+        waited = False
+        for key, (nominal, _, calls) in self.ends.items():
+            drv = self.drivers.get(key)
+            if (
+                drv is None
+                or self.nominal - nominal < KUBELET_RECONNECT
+                or key not in self.registered
+            ):
+                continue
+            await _until(functools.partial(_reconnected, drv, calls), 10.0)
+            waited = True
+        if waited:
+            await self._settle()
+
+    def _away_from_reconnects(self, now: float) -> float:
+        """Like leases, for the reconnect after a stream ended: we reconnect after
+        :data:`OUR_RECONNECT` (at the earliest), the kubelet after :data:`KUBELET_RECONNECT`.
+        A sync point is meant before both or after both, never in between."""
+        wait = 0.0
+        for (driver, endpoint), (nominal, real, _) in self.ends.items():
+            meant, elapsed = self.nominal - nominal, now - real
+            if meant < OUR_RECONNECT[0]:
+                if elapsed > OUR_RECONNECT[0] - DEADLINE_MARGIN:
+                    raise TimingError(
+                        f"{driver} ({endpoint}): the sync point came {elapsed:.2f}s after the "
+                        "stream ended, too close to our reconnect"
+                    )
+            elif meant >= KUBELET_RECONNECT:
+                wait = max(wait, KUBELET_RECONNECT + DEADLINE_MARGIN - elapsed)
+            else:
+                raise TimingError(
+                    f"{driver} ({endpoint}): a sync point {meant:g}s after a stream end falls "
+                    f"between our reconnect and the kubelet's ({KUBELET_RECONNECT:g}s)"
+                )
+        return wait
+
+    async def _settle(self) -> None:
+        """Both sides reflect the last action: a minimum wait, then a stable checkpoint."""
+        await asyncio.sleep(SETTLE)
+        deadline = time.monotonic() + SETTLE_DEADLINE
+        previous = None
+        while time.monotonic() < deadline:
+            raw = (await self._twin_ok("state", self.twin.state())).get("raw")
+            if raw == previous:
+                return
+            previous = raw
+            await asyncio.sleep(0.15)
+
+    # -- after the run -------------------------------------------------------
+
+    async def _final(self) -> None:
+        path = self.dir / "twin" / STATE_FILE
+        for _ in range(5):
+            before = await self._twin_ok("state", self.twin.state())
+            if not path.exists():
+                return
+            rows, error = await _cache_show(path, process=not self.scenario.generated)
+            after = await self._twin_ok("state", self.twin.state())
+            if after.get("raw") == before.get("raw"):
+                break  # the CLI read what the twin's view shows (no reconnect in between)
+        state = after.get("state")
+        if error:
+            self.observed.append(
+                _compare.Observed(
+                    "checkpoint", "end", "cache show --kubelet-state", f"error: {error}",
+                    f"{len(_compare.checkpoint_rows(state))} devices",
+                )
+            )  # fmt: skip
+            return
+        self.observed += _compare.compare_cli(rows, state)
+
+
+def fakedriver_not_supported() -> str:
+    from kubelet_dra.testing import fakedriver
+
+    return fakedriver.NOT_SUPPORTED
+
+
+def _reconnected(drv: _drivers.ScenarioDriver, calls: int) -> bool:
+    # Both sides opened a new stream since ``calls`` were counted.
+    return _stream_calls(drv) >= calls + 2
+
+
+def _stream_calls(drv: _drivers.ScenarioDriver) -> int:
+    return sum(n for m, n in drv.calls.items() if m.startswith("NodeWatchResources/"))
+
+
+async def _until(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+async def _cache_show(
+    path: pathlib.Path, *, flag: str = "--kubelet-state", process: bool = False
+) -> tuple[list[dict[str, Any]], str]:
+    """``kubelet-dra-health cache show --kubelet-state PATH --output json`` (or ``--state-dir``).
+
+    ``process``: as a separate process, exactly as a user runs it; otherwise the same
+    parser and handler in this process (starting the interpreter and importing the
+    package costs seconds per call on a loaded machine).
+    """
+    argv = ["cache", "show", flag, str(path), "--output", "json"]
+    if process:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kubelet_dra", *argv,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await proc.communicate()
+        code, text, errtext = proc.returncode, out.decode(), err.decode(errors="replace")
+    else:
+        ns = cli.build_parser().parse_args(argv)
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = ns.handler(ns)
+        text, errtext = stdout.getvalue(), stderr.getvalue()
+    if code != 0:
+        return [], f"exit {code}: {errtext.strip()}"
+    return json.loads(text), ""
+
+
+async def run_one(
+    scenario: sc.Scenario, line: str, factory: TwinFactory, *, keep: bool = False
+) -> RunResult:
+    """One run; repeated (at most :data:`ATTEMPTS` times) only if its timing failed."""
+    for attempt in range(1, ATTEMPTS + 1):
+        # Short directories: unix socket paths are limited to 107 bytes.
+        workdir = pathlib.Path(tempfile.mkdtemp(prefix="kc"))
+        began = time.monotonic()
+        try:
+            twin = await factory(line)
+            result = await Run(scenario, line, twin, workdir).execute()
+            result.attempts = attempt
+            return result
+        except TimingError as exc:
+            if attempt == ATTEMPTS:
+                verdict = _compare.classify(scenario, line, [])
+                return RunResult(
+                    scenario.name, line, "", time.monotonic() - began, [], verdict,
+                    f"timing could not be kept in {ATTEMPTS} attempts: {exc}", ATTEMPTS,
+                )  # fmt: skip
+        finally:
+            if not keep:
+                shutil.rmtree(workdir, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+async def run_all(
+    scenarios: Sequence[sc.Scenario],
+    line: str,
+    factory: TwinFactory,
+    *,
+    concurrency: int = 24,
+) -> list[RunResult]:
+    """Every scenario that names ``line``, at most ``concurrency`` at a time."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(scenario: sc.Scenario) -> RunResult:
+        async with gate:
+            return await run_one(scenario, line, factory)
+
+    logging.getLogger("kubelet_dra").setLevel(logging.CRITICAL)  # drivers misbehave on purpose
+    chosen = [s for s in scenarios if line in s.lines]
+    return list(await asyncio.gather(*(one(s) for s in chosen)))

@@ -1,0 +1,513 @@
+"""The conformance scenario language: YAML files parsed into a typed model.
+
+A scenario describes the inputs both sides get (drivers, their devices, claims,
+pods) and a timeline of driver actions with sync points; the runner
+(``_runner``) plays it against the kubelet twin and our library and compares
+what they compute. ``differences`` declares where they differ on purpose.
+See ``docs/conformance.md`` for the language with examples.
+
+Nothing here mirrors a kubelet file; the claim and pod objects built by
+:mod:`_objects` are the ``resource.k8s.io/v1`` and ``v1`` shapes the kubelet's
+DRA manager (``pkg/kubelet/cm/dra/manager.go``) reads.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import pydantic
+import yaml
+
+SCENARIO_DIR = pathlib.Path(__file__).resolve().parent / "scenarios"
+
+LINES: tuple[str, ...] = ("1.34", "1.35", "1.36", "1.37", "1.38")
+"""Kubelet lines by minor version, oldest first (the twin maps them to tags)."""
+
+FEATURES: dict[str, str] = {
+    # Deliberate differences of ours (every line).
+    "unknown-at-deadline": "Unknown at the lease deadline (kubernetes #140819)",
+    "terminated-pods": "health of terminated pods (kubernetes #132978)",
+    "rolling-upgrade": "per-endpoint ownership in a rolling upgrade (kubernetes #140818)",
+    "no-dropped-notifications": "no dropped notifications (the kubelet's 100-slot channel)",
+    "init-containers": "restartable init containers (kubernetes #139940)",
+    "notify-at-stream-end": "notification at stream end",
+    "message-char-boundary": "message cut at a character boundary",
+    "revived-device": "a report reviving an expired device is a change",
+    # Behaviour of newer lines that older lines lack (we follow the newest).
+    "sorted-output": "sorted allocatedResourcesStatus (kubelet 1.38)",
+    "registration-validation": "driver name and endpoint validation (kubelet 1.38)",
+    "null-maps": "null maps in a checkpoint (kubelet 1.38)",
+    "device-cap": "16,384 devices per driver (kubelet 1.37)",
+    "stale-deletion": "expired unreported entries deleted (kubelet 1.37)",
+    "health-negotiation": "health service negotiation, UNIMPLEMENTED stops (kubelet 1.37)",
+    "health-message": "health messages (kubelet 1.36)",
+    "subrequest-filter": "request filter of sub-requests (kubelet 1.36)",
+    "claim-name-fallback": "entries for claims the pod names directly (kubelet 1.36)",
+    "health-timeout": "per-device health timeouts (kubelet 1.35)",
+}
+
+KINDS = (
+    "status",
+    "announced",
+    "devices",
+    "stored",
+    "registration",
+    "prepare",
+    "checkpoint",
+    "twin",
+)
+"""What is compared; a declared difference names the kinds it shows up in."""
+
+Health = Literal["Healthy", "Unhealthy", "Unknown"] | int
+
+
+class _Model(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class Repeat(_Model):
+    """A long message: ``text`` repeated ``times`` (e.g. 600 x "é")."""
+
+    text: str
+    times: int = pydantic.Field(ge=1, le=100_000)
+    prefix: str = ""
+
+    def render(self) -> str:
+        return self.prefix + self.text * self.times
+
+
+class DeviceReport(_Model):
+    """One device of a health report (``pool``/``device`` or a ``count`` of them)."""
+
+    pool: str = "pool"
+    device: str = ""
+    count: int = pydantic.Field(default=0, ge=0, le=50_000)
+    """With ``count``: devices ``<device><i>`` for i in ``start`` .. ``start+count-1``."""
+    start: int = 0
+    health: Health = "Healthy"
+    message: str | Repeat = ""
+    timeout: int = 0
+    """``health_check_timeout_seconds`` (0: the default 30 s)."""
+
+    @pydantic.model_validator(mode="after")
+    def _named(self) -> DeviceReport:
+        if not self.device:
+            raise ValueError("a device report needs `device` (a name, or a prefix with `count`)")
+        return self
+
+    def expand(self) -> list[dict[str, Any]]:
+        """The FakeDriver's device dicts."""
+        message = self.message.render() if isinstance(self.message, Repeat) else self.message
+        names = (
+            [f"{self.device}{i}" for i in range(self.start, self.start + self.count)]
+            if self.count
+            else [self.device]
+        )
+        return [
+            {
+                "pool": self.pool,
+                "device": name,
+                "health": self.health,
+                "message": message,
+                "timeout_seconds": self.timeout,
+            }
+            for name in names
+        ]
+
+
+class Driver(_Model):
+    """A DRA driver (a FakeDriver on its own socket) and how it registers."""
+
+    name: str
+    health_versions: tuple[Literal["v1", "v1alpha1"], ...] = ("v1", "v1alpha1")
+    dra_versions: tuple[Literal["v1", "v1beta1"], ...] = ("v1",)
+    services: tuple[str, ...] | None = None
+    """What registration advertises (default: from the versions served)."""
+    unimplemented: bool = False
+    """Every health stream is answered with UNIMPLEMENTED."""
+    registered: bool = True
+    """Registered on both sides before the timeline starts."""
+
+
+class AllocatedDevice(_Model):
+    """One allocation result of a claim and what the driver's prepare returns for it."""
+
+    driver: str
+    pool: str = "pool"
+    device: str
+    request: str = ""
+    """The allocation result's request (``req`` or ``req/sub``)."""
+    request_names: tuple[str, ...] | None = None
+    """``request_names`` of the prepare answer (default: the request, if any)."""
+    cdi: tuple[str, ...] = ()
+    share_id: str | None = None
+    returned: bool = True
+    """Whether NodePrepareResources returns this device (the kubelet only knows those)."""
+
+    def answer(self) -> dict[str, Any]:
+        names = self.request_names
+        if names is None:
+            names = (self.request,) if self.request else ()
+        out: dict[str, Any] = {
+            "pool": self.pool,
+            "device": self.device,
+            "requests": list(names),
+            "cdi_device_ids": list(self.cdi),
+        }
+        if self.share_id is not None:
+            out["share_id"] = self.share_id
+        return out
+
+
+class Claim(_Model):
+    """A ResourceClaim: direct, or generated from ``template`` for one pod."""
+
+    name: str
+    namespace: str = "default"
+    devices: tuple[AllocatedDevice, ...]
+    template: str | None = None
+    """The ResourceClaimTemplate it was generated from (its owner is the pod using it)."""
+
+
+class PodClaimRef(_Model):
+    """A pod's ``spec.resourceClaims`` entry: a claim by name or through a template."""
+
+    name: str
+    claim: str
+    """The ResourceClaim object (for a template: the generated claim)."""
+    template: str | None = None
+    status_name: bool = True
+    """For templates: record the generated name in ``status.resourceClaimStatuses``."""
+
+
+class Container(_Model):
+    """A container and its ``resources.claims`` as ``ref`` or ``ref/request[/sub]``."""
+
+    name: str
+    claims: tuple[str, ...] = ()
+    restartable: bool = False
+    """Init containers only: ``restartPolicy: Always`` (a sidecar)."""
+
+    def claim_refs(self) -> list[tuple[str, str]]:
+        out = []
+        for text in self.claims:
+            ref, _, request = text.partition("/")
+            out.append((ref, request))
+        return out
+
+
+class Pod(_Model):
+    name: str
+    namespace: str = "default"
+    claims: tuple[PodClaimRef, ...] = ()
+    containers: tuple[Container, ...] = (Container(name="main"),)
+    init_containers: tuple[Container, ...] = ()
+    prepare: bool = True
+    """Prepared (PrepareResources) before the timeline starts."""
+
+    @pydantic.model_validator(mode="after")
+    def _refs_known(self) -> Pod:
+        refs = {c.name for c in self.claims}
+        for container in (*self.containers, *self.init_containers):
+            for ref, _ in container.claim_refs():
+                if ref not in refs:
+                    raise ValueError(
+                        f"container {container.name!r} uses claim {ref!r}, "
+                        f"which is not among the pod's claims {sorted(refs)}"
+                    )
+        return self
+
+
+# -- the timeline ----------------------------------------------------------------
+
+
+class _Step(_Model):
+    pass
+
+
+class Report(_Step):
+    driver: str
+    endpoint: str = "main"
+    devices: tuple[DeviceReport, ...] = ()
+    times: int = pydantic.Field(default=1, ge=1, le=1000)
+    """Send the report this many times (a flood)."""
+    alternate: bool = False
+    """With ``times``: flip Healthy/Unhealthy on every send (each one a change)."""
+
+
+class EndpointRef(_Step):
+    driver: str
+    endpoint: str = "main"
+
+
+class EndStream(EndpointRef):
+    code: str | None = None
+    """A gRPC status code name; ``None`` ends the stream cleanly (EOF)."""
+
+
+class Restart(EndpointRef):
+    new_socket: bool = True
+    """Deregister the old socket and register a new one (a new driver pod)."""
+
+
+class StartEndpoint(EndpointRef):
+    """A second endpoint of a driver (the new pod of a rolling upgrade)."""
+
+
+class Register(_Step):
+    """Register a literal endpoint (validation scenarios; nothing serves it)."""
+
+    driver: str
+    endpoint: str
+    services: tuple[str, ...] = ("v1.DRAPlugin", "v1.DRAResourceHealth")
+
+
+class Sync(_Step):
+    name: str
+
+
+class Wait(_Step):
+    seconds: float = pydantic.Field(gt=0, le=60)
+
+
+class PodRef(_Step):
+    pod: str
+
+
+STEP_KINDS: dict[str, type[_Step]] = {
+    "report": Report,
+    "silence": EndpointRef,
+    "resume": EndpointRef,
+    "end_stream": EndStream,
+    "unimplemented": EndpointRef,
+    "restart": Restart,
+    "reregister": EndpointRef,
+    "start_endpoint": StartEndpoint,
+    "stop_endpoint": EndpointRef,
+    "register": Register,
+    "deregister": EndpointRef,
+    "prepare": PodRef,
+    "unprepare": PodRef,
+    "sync": Sync,
+    "wait": Wait,
+}
+_SHORTHAND = {"sync": "name", "wait": "seconds", "prepare": "pod", "unprepare": "pod"}
+
+
+class Step(_Model):
+    """One timeline entry: ``{<kind>: <arguments>}``."""
+
+    kind: str
+    args: pydantic.SerializeAsAny[_Step]
+
+
+def _parse_step(raw: Any, index: int) -> Step:
+    if not isinstance(raw, dict) or len(raw) != 1:
+        raise ValueError(
+            f"timeline[{index}] must be a mapping with exactly one action, got {raw!r}"
+        )
+    ((kind, args),) = raw.items()
+    model = STEP_KINDS.get(kind)
+    if model is None:
+        raise ValueError(
+            f"timeline[{index}]: unknown action {kind!r} (one of {', '.join(STEP_KINDS)})"
+        )
+    if kind in _SHORTHAND and not isinstance(args, dict):
+        args = {_SHORTHAND[kind]: args}
+    elif isinstance(args, str):
+        args = {"driver": args}
+    try:
+        return Step(kind=kind, args=model.model_validate(args or {}))
+    except pydantic.ValidationError as exc:
+        raise ValueError(f"timeline[{index}] ({kind}): {_short(exc)}") from None
+
+
+def _short(exc: pydantic.ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+class Difference(_Model):
+    """A deliberate difference: which feature, on which lines, where it shows."""
+
+    feature: str
+    lines: tuple[str, ...] = LINES
+    kinds: tuple[str, ...]
+    at: tuple[str, ...] = ()
+    """Sync points where it shows (empty: anywhere, including the after-run checks)."""
+    note: str = ""
+
+    @pydantic.field_validator("feature")
+    @classmethod
+    def _feature(cls, value: str) -> str:
+        if value not in FEATURES:
+            raise ValueError(f"unknown feature {value!r} (one of {', '.join(FEATURES)})")
+        return value
+
+    @pydantic.field_validator("lines", mode="before")
+    @classmethod
+    def _lines(cls, value: Any) -> Any:
+        return _expand_lines(value)
+
+    @pydantic.field_validator("kinds")
+    @classmethod
+    def _kinds(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for kind in value:
+            if kind not in KINDS:
+                raise ValueError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
+        return value
+
+
+def _expand_lines(value: Any) -> Any:
+    """``all``, a list of lines, or ``"<1.38"`` / ``">=1.37"`` ranges."""
+    if value in (None, "all"):
+        return LINES
+    if isinstance(value, str):
+        value = [value]
+    out: list[str] = []
+    for raw in value:
+        item = str(raw)
+        for op in ("<=", ">=", "<", ">"):
+            if item.startswith(op):
+                bound = _minor(item[len(op) :])
+                out += [line for line in LINES if _compare(_minor(line), op, bound)]
+                break
+        else:
+            if item not in LINES:
+                raise ValueError(f"unknown kubelet line {item!r} (one of {', '.join(LINES)})")
+            out.append(item)
+    return tuple(line for line in LINES if line in out)
+
+
+def _minor(line: str) -> int:
+    try:
+        return int(line.split(".")[1])
+    except (IndexError, ValueError):
+        raise ValueError(f"unknown kubelet line {line!r}") from None
+
+
+def _compare(a: int, op: str, b: int) -> bool:
+    return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+
+
+class Scenario(_Model):
+    name: str
+    description: str
+    upstream: str = ""
+    """The upstream test (reference section 6) or change this scenario covers."""
+    lines: tuple[str, ...] = LINES
+    node: str = "node-1"
+    drivers: tuple[Driver, ...]
+    claims: tuple[Claim, ...] = ()
+    pods: tuple[Pod, ...] = ()
+    checkpoint: str | None = None
+    """Text of a ``dra_health_state`` the twin starts from."""
+    compare_stored: bool = False
+    """Also compare which devices each side stores (our store through ``cache show
+    --state-dir``, the twin's checkpoint) at every sync point."""
+    timeline: tuple[Step, ...]
+    differences: tuple[Difference, ...] = ()
+    known_bug: str = ""
+    """An undeclared difference found and reported but not fixed yet: the test is an
+    expected failure until the fix lands (then it must pass, and this goes)."""
+    generated: bool = False
+
+    @pydantic.field_validator("lines", mode="before")
+    @classmethod
+    def _lines(cls, value: Any) -> Any:
+        return _expand_lines(value)
+
+    @pydantic.field_validator("timeline", mode="before")
+    @classmethod
+    def _timeline(cls, value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            raise ValueError("timeline must be a list of actions")
+        return tuple(v if isinstance(v, Step) else _parse_step(v, i) for i, v in enumerate(value))
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        drivers = {d.name for d in self.drivers}
+        claims = {c.name for c in self.claims}
+        pods = {p.name for p in self.pods}
+        for claim in self.claims:
+            for dev in claim.devices:
+                if dev.driver not in drivers:
+                    raise ValueError(f"claim {claim.name!r}: unknown driver {dev.driver!r}")
+        for pod in self.pods:
+            for ref in pod.claims:
+                if ref.claim not in claims:
+                    raise ValueError(f"pod {pod.name!r}: unknown claim {ref.claim!r}")
+        syncs: list[str] = []
+        for i, step in enumerate(self.timeline):
+            args = step.args
+            if isinstance(args, Sync):
+                if args.name in syncs:
+                    raise ValueError(f"timeline[{i}]: sync point {args.name!r} is used twice")
+                syncs.append(args.name)
+            if isinstance(args, Report | EndpointRef) and args.driver not in drivers:
+                raise ValueError(f"timeline[{i}] ({step.kind}): unknown driver {args.driver!r}")
+            if isinstance(args, PodRef) and args.pod not in pods:
+                raise ValueError(f"timeline[{i}] ({step.kind}): unknown pod {args.pod!r}")
+        if not syncs:
+            raise ValueError("the timeline has no sync point: nothing would be compared")
+        for diff in self.differences:
+            for name in diff.at:
+                if name not in syncs:
+                    raise ValueError(f"difference {diff.feature}: unknown sync point {name!r}")
+        return self
+
+    def sync_names(self) -> list[str]:
+        return [s.args.name for s in self.timeline if isinstance(s.args, Sync)]
+
+    def pod(self, name: str) -> Pod:
+        return next(p for p in self.pods if p.name == name)
+
+    def claim(self, name: str) -> Claim:
+        return next(c for c in self.claims if c.name == name)
+
+
+class ScenarioError(Exception):
+    """A scenario file that does not parse or validate; the message names the file."""
+
+
+def load(path: pathlib.Path) -> Scenario:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path.name}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{path.name}: a scenario is a YAML mapping")
+    raw.setdefault("name", path.stem)
+    try:
+        scenario = Scenario.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        raise ScenarioError(f"{path.name}: {_short(exc)}") from None
+    if scenario.name != path.stem:
+        raise ScenarioError(f"{path.name}: name {scenario.name!r} differs from the file name")
+    return scenario
+
+
+def load_all(directory: pathlib.Path = SCENARIO_DIR) -> list[Scenario]:
+    return [load(path) for path in sorted(directory.glob("*.yaml"))]
+
+
+def iter_devices(scenario: Scenario) -> Iterator[tuple[str, str, str]]:
+    """Every (driver, pool, device) the scenario allocates or reports, once."""
+    seen: set[tuple[str, str, str]] = set()
+    for claim in scenario.claims:
+        for dev in claim.devices:
+            key = (dev.driver, dev.pool, dev.device)
+            if key not in seen:
+                seen.add(key)
+                yield key
+    for step in scenario.timeline:
+        if isinstance(step.args, Report):
+            for report in step.args.devices:
+                for d in report.expand():
+                    key = (step.args.driver, d["pool"], d["device"])
+                    if key not in seen:
+                        seen.add(key)
+                        yield key

@@ -1,0 +1,95 @@
+"""The conformance suite: which scenarios, which lines, and the matrix they produce.
+
+``python -m tests.conformance._suite [--line 1.37 ...] [--generated N] [--write-matrix]
+[scenario ...]`` runs scenarios against the kubelet twin of each line, prints every
+undeclared or missing difference and the wall time per line, and with
+``--write-matrix`` rewrites the matrix section of ``docs/conformance.md``
+from the results. The pytest tests (``test_conformance.py``) run the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Sequence
+
+from tests.conformance import _generate, _matrix, _runner, _twinlike
+from tests.conformance import _scenario as sc
+
+DEFAULT_LINES = ("1.37", "1.38")
+"""The lines the default test run covers (the newest two)."""
+
+
+def version_of(line: str) -> str:
+    """The twin's tag for a line, e.g. ``1.37`` -> ``v1.37.2``."""
+    from tests.conformance import _twin
+
+    for version in _twin.LINES:
+        if version.startswith(f"v{line}."):
+            return version
+    raise KeyError(f"no twin for kubelet line {line}")
+
+
+def factory_for(binary: str) -> _runner.TwinFactory:
+    async def make(line: str) -> _twinlike.TwinLike:
+        return _twinlike.ProcessTwin(binary, args=("-v=2",))
+
+    return make
+
+
+def written() -> list[sc.Scenario]:
+    return sc.load_all()
+
+
+def generated(seeds: Sequence[int] = _generate.SEEDS) -> list[sc.Scenario]:
+    return [_generate.scenario(seed) for seed in seeds]
+
+
+async def run_line(
+    scenarios: Sequence[sc.Scenario], line: str, binary: str, *, concurrency: int
+) -> list[_runner.RunResult]:
+    return await _runner.run_all(scenarios, line, factory_for(binary), concurrency=concurrency)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.conformance._suite")
+    parser.add_argument("--line", action="append", help="kubelet line, e.g. 1.38 (repeatable)")
+    parser.add_argument("--generated", type=int, default=0, help="generated scenarios to add")
+    parser.add_argument("--only-generated", action="store_true")
+    parser.add_argument("--concurrency", type=int, default=24)
+    parser.add_argument("--write-matrix", action="store_true")
+    parser.add_argument("names", nargs="*", help="scenario names (default: all written)")
+    ns = parser.parse_args(argv)
+    from tests.conformance import _twin
+
+    scenarios = [] if ns.only_generated else written()
+    if ns.names:
+        scenarios = [s for s in scenarios if s.name in ns.names]
+    scenarios += generated(range(1, ns.generated + 1)) if ns.generated else []
+    lines = ns.line or list(sc.LINES)
+    status = 0
+    results: dict[str, list[_runner.RunResult]] = {}
+    for line in lines:
+        binary = str(_twin.binary(version_of(line)))
+        began = time.monotonic()
+        done = asyncio.run(run_line(scenarios, line, binary, concurrency=ns.concurrency))
+        results[line] = done
+        failed = [r for r in done if not r.ok]
+        print(
+            f"kubelet {line}: {len(done)} scenarios, {len(failed)} failed, "
+            f"{time.monotonic() - began:.1f}s wall, slowest "
+            f"{max((r.seconds for r in done), default=0):.1f}s",
+            flush=True,
+        )
+        for result in failed:
+            print(result.report(), flush=True)
+            status = 1
+    if ns.write_matrix:
+        _matrix.write([s for s in scenarios if not s.generated], results)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The conformance suite: every scenario against the kubelet twin of each line.
+
+One test per line runs all written scenarios concurrently (the kubelet's wall-clock waits
+overlap), one runs the generated ones (fixed seeds), and one the scenarios with a known bug
+(expected failures that must keep failing the way their bug says, until it is fixed). A
+failure prints every undeclared and every missing difference with a diff.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conformance import _generate, _matrix, _runner, _suite
+from tests.conformance import _scenario as sc
+from tests.conformance.conftest import concurrency
+
+pytestmark = [pytest.mark.conformance, pytest.mark.timeout(1800, func_only=True)]
+
+WRITTEN = sc.load_all()
+
+
+def _check(results: list[_runner.RunResult], scenarios: list[sc.Scenario]) -> None:
+    by_name = {s.name: s for s in scenarios}
+    failed = [r for r in results if not r.ok]
+    assert not failed, "\n\n".join(r.report() for r in failed)
+    for result in results:
+        expected = _matrix.cell(by_name[result.scenario], result.line)
+        assert result.cell() == expected, f"{result.scenario}: {result.cell()} != {expected}"
+
+
+@pytest.mark.parametrize("line", sc.LINES)
+async def test_written_scenarios(line: str, twin_binary: str) -> None:
+    chosen = [s for s in WRITTEN if not s.known_bug and line in s.lines]
+    results = await _runner.run_all(
+        chosen, line, _suite.factory_for(twin_binary), concurrency=concurrency()
+    )
+    assert len(results) == len(chosen)
+    _check(results, chosen)
+
+
+@pytest.mark.parametrize("line", sc.LINES)
+async def test_known_bugs_still_differ(line: str, twin_binary: str) -> None:
+    chosen = [s for s in WRITTEN if s.known_bug and line in s.lines]
+    if not chosen:
+        pytest.skip(f"no known bugs on kubelet {line}")
+    results = await _runner.run_all(chosen, line, _suite.factory_for(twin_binary))
+    fixed = [r.scenario for r in results if r.ok]
+    assert not fixed, f"fixed, remove their known_bug: {fixed}"
+    other = [r for r in results if not r.as_known]
+    assert not other, "\n\n".join(r.report() for r in other)
+    pytest.xfail("; ".join(f"{r.scenario}: {' '.join(r.known_bug.split())}" for r in results))
+
+
+@pytest.mark.parametrize("line", _generate.LINES)
+async def test_generated_scenarios(line: str, twin_binary: str) -> None:
+    scenarios = [_generate.scenario(seed) for seed in _generate.SEEDS]
+    results = await _runner.run_all(
+        scenarios, line, _suite.factory_for(twin_binary), concurrency=concurrency()
+    )
+    _check(results, scenarios)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200, func_only=True)
+@pytest.mark.parametrize("line", _generate.LINES)
+async def test_generated_scenarios_slow(line: str, twin_binary: str) -> None:
+    scenarios = [_generate.scenario(seed, slow=True) for seed in _generate.SLOW_SEEDS]
+    results = await _runner.run_all(
+        scenarios, line, _suite.factory_for(twin_binary), concurrency=concurrency()
+    )
+    _check(results, scenarios)

@@ -1,0 +1,190 @@
+"""The scenario language, the generator, the comparison rules and the committed matrix.
+
+These need no Go and run in the default suite: every written scenario parses, mistakes get
+one clear error naming the file and field, the generator is deterministic and covers what
+the issue asks of it, the comparison explains differences as documented, and the matrix in
+docs/conformance.md is the one the scenario files produce.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from tests.conformance import _compare, _generate, _matrix
+from tests.conformance import _scenario as sc
+
+WRITTEN = sc.load_all()
+DELIBERATE = (
+    "unknown-at-deadline",
+    "terminated-pods",
+    "rolling-upgrade",
+    "init-containers",
+    "notify-at-stream-end",
+    "message-char-boundary",
+)
+
+
+def test_at_least_forty_written_scenarios_cover_every_deliberate_difference() -> None:
+    assert len(WRITTEN) >= 40
+    declared = {d.feature for s in WRITTEN for d in s.differences}
+    assert set(DELIBERATE) <= declared
+    # The kubelet drops notifications only while its sync loop stalls; the twin drains the
+    # channel as an idle loop does, so this one is a scenario without a visible difference.
+    assert any("no dropped notifications" in s.upstream for s in WRITTEN)
+    for drift in ("device-cap", "stale-deletion", "sorted-output", "registration-validation",
+                  "null-maps"):  # fmt: skip
+        assert drift in declared, drift
+
+
+def test_every_upstream_test_of_the_reference_has_a_scenario() -> None:
+    upstream = " ".join(s.upstream for s in WRITTEN)
+    for name in (
+        "TestNewHealthInfoCache", "TestGetHealthInfo", "TestGetHealthInfoRobust",
+        "TestUpdateHealthInfo", "TestClearDriver", "HealthChangeForAllocatedDevice",
+        "NonAllocatedDeviceChange", "NoActualStateChange", "StreamError", "ContextCanceled",
+        "HealthChangeForDeviceWithShareID", "HealthChangeForMultiplePodsWithSharedDevice",
+        "TestUpdateAllocatedResourcesStatus", "TestUpdateAllocatedResourcesStatus_Subrequest",
+        "TestTruncateHealthMessage", "TestBuildResourceHealth", "TestToResourceHealthStatus",
+        "TestToDeviceHealthStatus", "TestBuildDeviceHealth", "TestPlugin_WatchResources",
+        "TestPlugin_WatchResources_V1Alpha1", "TestPickHealthService",
+        "TestHealthStreamRequiresAdvertisedService", "TestUnimplementedHealthStreamIsNotRetried",
+        "should reflect device health changes", "should update health to Unknown",
+        "only serves the v1alpha1 health API", "only serves the v1 health API",
+        "serves all health API versions",
+    ):  # fmt: skip
+        assert name in upstream, name
+
+
+def _write(tmp_path: pathlib.Path, name: str, text: str) -> pathlib.Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+BASE = """
+description: x
+drivers: [{name: gpu.example.com}]
+claims: [{name: c, devices: [{driver: gpu.example.com, device: d}]}]
+pods: [{name: p, claims: [{name: gpu, claim: c}], containers: [{name: main, claims: [gpu]}]}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("timeline: [{reprot: {driver: gpu.example.com}}]", "timeline[0]: unknown action 'reprot'"),
+        ("timeline: [{report: {driver: gpu.exmple.com}}, {sync: a}]",
+         "timeline[0] (report): unknown driver 'gpu.exmple.com'"),
+        ("timeline: [{report: {driver: gpu.example.com}}]", "no sync point"),
+        ("timeline: [{sync: a}, {sync: a}]", "sync point 'a' is used twice"),
+        ("lines: [1.99]\ntimeline: [{sync: a}]", "unknown kubelet line '1.99'"),
+        ("timeline: [{sync: a}]\ndifferences: [{feature: faster, kinds: [status]}]",
+         "unknown feature 'faster'"),
+        ("timeline: [{sync: a}]\ndifferences: [{feature: terminated-pods, kinds: [colour]}]",
+         "unknown kind 'colour'"),
+        ("timeline: [{sync: a}]\ndifferences: [{feature: terminated-pods, kinds: [status], "
+         "at: [b]}]", "unknown sync point 'b'"),
+        ("timeline: [{wait: -1}, {sync: a}]", "timeline[0] (wait): seconds"),
+        ("timeline: [{report: {driver: gpu.example.com, devices: [{health: Healthy}]}}, "
+         "{sync: a}]", "needs `device`"),
+    ],
+)  # fmt: skip
+def test_mistakes_get_one_clear_error(tmp_path: pathlib.Path, extra: str, message: str) -> None:
+    path = _write(tmp_path, "bad", BASE + extra)
+    with pytest.raises(sc.ScenarioError) as caught:
+        sc.load(path)
+    assert str(caught.value).startswith("bad.yaml: ")
+    assert message in str(caught.value)
+
+
+def test_a_container_naming_an_unknown_claim_is_refused(tmp_path: pathlib.Path) -> None:
+    text = BASE.replace("claims: [gpu]", "claims: [gpu, nic]") + "timeline: [{sync: a}]"
+    with pytest.raises(sc.ScenarioError, match="uses claim 'nic'"):
+        sc.load(_write(tmp_path, "bad", text))
+
+
+def test_line_ranges() -> None:
+    assert sc._expand_lines("<1.38") == ("1.34", "1.35", "1.36", "1.37")
+    assert sc._expand_lines(">=1.37") == ("1.37", "1.38")
+    assert sc._expand_lines("all") == sc.LINES
+
+
+def test_generator_is_deterministic_and_covers_the_brief() -> None:
+    scenarios = [_generate.scenario(seed) for seed in _generate.SEEDS]
+    assert len(scenarios) >= 200
+    assert _generate.scenario(17) == _generate.scenario(17)
+    counts, timeouts, messages, ends = [], set(), [], 0
+    for scenario in scenarios:
+        for step in scenario.timeline:
+            if isinstance(step.args, sc.Report):
+                for device in step.args.devices:
+                    counts.append(device.count)
+                    if device.timeout:
+                        timeouts.add(device.timeout)
+                    message = device.message
+                    messages.append(len(message.encode()) if isinstance(message, str) else 0)
+            ends += isinstance(step.args, sc.EndStream)
+    assert max(counts) > _generate.CAP  # crosses the kubelet's cap
+    assert max(counts) <= 20_000
+    assert timeouts == {1, 2, 3}
+    assert 1024 < max(messages) <= 2050  # up to 2 kB
+    assert ends >= 20
+    assert {d.feature for s in scenarios for d in s.differences} >= {
+        "unknown-at-deadline", "notify-at-stream-end", "message-char-boundary",
+    }  # fmt: skip
+
+
+def _result(name: str) -> _compare.Observed:
+    return _compare.Observed("announced", name, "pods", ["p"], [])
+
+
+def test_classify_needs_every_difference_declared_and_every_declaration_seen() -> None:
+    scenario = sc.Scenario.model_validate(
+        {
+            "name": "x",
+            "description": "x",
+            "drivers": [{"name": "d"}],
+            "timeline": [{"sync": "a"}, {"sync": "b"}],
+            "differences": [
+                {"feature": "unknown-at-deadline", "kinds": ["announced"], "at": ["a"]},
+                {"feature": "sorted-output", "lines": "<1.38", "kinds": ["status"]},
+            ],
+        }
+    )
+    verdict = _compare.classify(scenario, "1.38", [_result("a")])
+    assert verdict.ok and [d.feature for d in verdict.seen] == ["unknown-at-deadline"]
+    verdict = _compare.classify(scenario, "1.38", [_result("b")])
+    assert verdict.unexplained == [_result("b")]
+    assert [d.feature for d in verdict.missing] == ["unknown-at-deadline"]
+    verdict = _compare.classify(scenario, "1.37", [_result("a")])
+    assert [d.feature for d in verdict.missing] == ["sorted-output"]
+
+
+def test_status_order_counts_from_1_38_only() -> None:
+    a = {"name": "claim:a", "resources": [{"resourceID": "r1", "health": "Healthy"}]}
+    b = {"name": "claim:b", "resources": [{"resourceID": "r2", "health": "Healthy"}]}
+    ours = {"containerStatuses": [{"name": "c", "allocatedResourcesStatus": [a, b]}]}
+    twin = {"containerStatuses": [{"name": "c", "allocatedResourcesStatus": [b, a]}]}
+    assert _compare.compare_status("s", "p", ours, twin, ordered=False) == []
+    found = _compare.compare_status("s", "p", ours, twin, ordered=True)
+    assert [o.subject for o in found] == ["pod p containerStatuses[c]"]
+    assert "--- twin (kubelet)" in found[0].render()
+
+
+def test_twin_view_reads_the_checkpoint_like_get_health_info() -> None:
+    entry = {"Health": "Unhealthy", "Message": "m", "LastUpdated": "2026-12-01T00:00:00Z",
+             "HealthCheckTimeout": 2_000_000_000}  # fmt: skip
+    at = _compare.go_time("2026-12-01T00:00:00Z")
+    assert _compare.twin_view(entry, at + 2.0) == ("Unhealthy", "m")
+    assert _compare.twin_view(entry, at + 2.001) == ("Unknown", "")
+    assert _compare.twin_view(None, at) == ("Unknown", "")
+    assert _compare.twin_view({**entry, "HealthCheckTimeout": 0}, at + 29) == ("Unhealthy", "m")
+
+
+def test_committed_matrix_is_the_one_the_scenarios_produce() -> None:
+    committed = _matrix.section(_matrix.DOC.read_text(encoding="utf-8"))
+    assert committed == _matrix.render(WRITTEN), (
+        "docs/conformance.md is stale: run python -m tests.conformance._suite --write-matrix"
+    )

@@ -1,0 +1,41 @@
+// Package api134 adapts the twin to the DRA manager of Kubernetes 1.34 and 1.35: GetNodeFunc
+// takes no context, the plugin handler methods take none either, UpdateAllocatedResourcesStatus
+// takes no logger, and the manager has no Stop (cancelling Start's context ends its work).
+package api134
+
+import (
+	"context"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
+
+	twin "kubelet-dra/tests/conformance/twin/common"
+)
+
+// Line implements twin.Line for 1.34 and 1.35.
+type Line struct{}
+
+var _ twin.Line = Line{}
+
+func (Line) Start(ctx context.Context, m *dra.Manager, activePods dra.ActivePodsFunc, node *v1.Node) error {
+	return m.Start(ctx, activePods, func() (*v1.Node, error) { return node, nil }, twin.NeverReady{})
+}
+
+func (Line) Validate(_ context.Context, m *dra.Manager, driver, endpoint string, services []string) error {
+	return m.GetWatcherHandler().ValidatePlugin(driver, endpoint, services)
+}
+
+func (Line) Register(_ context.Context, m *dra.Manager, driver, endpoint string, services []string) error {
+	return m.GetWatcherHandler().RegisterPlugin(driver, endpoint, services, nil)
+}
+
+func (Line) Deregister(_ context.Context, m *dra.Manager, driver, endpoint string) {
+	m.GetWatcherHandler().DeRegisterPlugin(driver, endpoint)
+}
+
+func (Line) UpdateStatus(_ klog.Logger, m *dra.Manager, pod *v1.Pod, status *v1.PodStatus) {
+	m.UpdateAllocatedResourcesStatus(pod, status)
+}
+
+func (Line) Stop(*dra.Manager) bool { return false }
