@@ -124,7 +124,7 @@ def _fmt(value: float | None) -> str:
 
 def table_rows(found: Iterable[Comparison]) -> list[tuple[str, ...]]:
     """Rows for a markdown table: scenario, better, baseline, now, change, verdict."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for cmp in found:
         change = "—" if cmp.worse_by is None else f"{cmp.worse_by:+.0%} worse"
         if cmp.worse_by is not None and cmp.worse_by < 0:

@@ -110,8 +110,8 @@ def _stats(nodes: list[Node]) -> dict[str, Any]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     totals: dict[str, int] = {}
     for node in nodes:
-        for key, value in node.writer_counts().items():
-            totals[key] = totals.get(key, 0) + value
+        for name, count in node.writer_counts().items():
+            totals[name] = totals.get(name, 0) + count
     return {
         "event": "stats",
         "rss_kb": status.get("VmRSS", 0),

@@ -263,7 +263,7 @@ class Watcher:
     def _run(self) -> None:
         from kubernetes import client
 
-        core = client.CoreV1Api(self.api)
+        core: Any = client.CoreV1Api(self.api)  # raw responses: _preload_content=False
         while not self._stop.is_set():
             try:
                 listed = json.loads(core.list_pod_for_all_namespaces(_preload_content=False).data)
