@@ -100,6 +100,10 @@ class SummaryRow:
     ratio: str
     target: str
     met: bool | None  # None: report only
+    #: The ratio as a number (what ``--compare`` compares) and which way is better:
+    #: "lower" (a cost: latency, memory, requests) or "higher" (a rate); "" = not compared.
+    value: float | None = None
+    better: str = ""
 
 
 @dataclasses.dataclass

@@ -149,6 +149,8 @@ async def run(config: Config) -> c.Outcome:
             f"{p99 / floor.median:.0f}x (p99)",
             "p99 < 100 ms",
             p99 < 0.100,
+            value=p99 / floor.median,
+            better="lower",
         )
     )
     return out

@@ -188,6 +188,8 @@ async def run(config: Config) -> c.Outcome:
                 f"{ratio.median:,.0f}x",
                 "≥ 50x at 10,000" if target else "report growth",
                 ratio.median >= 50 if target else None,
+                value=ratio.median,
+                better="higher",
             )
         )
     return out

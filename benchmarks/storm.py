@@ -143,6 +143,8 @@ async def run(config: Config) -> c.Outcome:
             f"{rate.median / QPS:.2f}x QPS",
             "exact final state; writes ≤ bound; rate ≤ QPS",
             all(r["max_writes"] <= r["bound"] and r["excess"] <= 2 for r in results),
+            value=rate.median / QPS,
+            better="lower",
         )
     )
     return out

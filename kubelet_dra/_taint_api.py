@@ -29,10 +29,13 @@ RESOURCE = "devicetaintrules"
 GROUP = "resource.k8s.io"
 FIELD_MANAGER = "kubelet-dra-health"
 _TIMEOUT = (5.0, 30.0)
-_VERSIONS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
-    ("v1", kubernetes.client.ResourceV1Api),
-    ("v1beta2", kubernetes.client.ResourceV1beta2Api),
-    ("v1alpha3", kubernetes.client.ResourceV1alpha3Api),
+# Class names, resolved when the bridge is used: ``kubernetes.client`` imports each
+# generated API module on first attribute access, and these cost import time and memory
+# in every sidecar while the bridge is off (issue 15 measures both).
+_VERSIONS: tuple[tuple[str, str], ...] = (
+    ("v1", "ResourceV1Api"),
+    ("v1beta2", "ResourceV1beta2Api"),
+    ("v1alpha3", "ResourceV1alpha3Api"),
 )
 VERSIONS = tuple(version for version, _ in _VERSIONS)
 
@@ -56,8 +59,8 @@ def discover(client: kubernetes.client.ApiClient) -> str | None:
     A version that is not served answers 404; a served version without the resource
     (``DRADeviceTaintRules`` off) lists other resources only.
     """
-    for version, api_class in _VERSIONS:
-        api = api_class(client)
+    for version, class_name in _VERSIONS:
+        api = getattr(kubernetes.client, class_name)(client)
 
         def send(api: Any = api) -> Any:
             return api.get_api_resources(_preload_content=False, _request_timeout=_TIMEOUT)
@@ -78,9 +81,9 @@ class TaintApi:
     """List, create, replace and delete DeviceTaintRules in one discovered version."""
 
     def __init__(self, client: kubernetes.client.ApiClient, version: str) -> None:
-        api_class = dict(_VERSIONS)[version]
+        class_name = dict(_VERSIONS)[version]
         self.version = version
-        self._api = api_class(client)
+        self._api = getattr(kubernetes.client, class_name)(client)
         self._events = kube_api.Api(client)  # the Node events: the status writer's calls
         self.calls = 0
 

@@ -71,6 +71,22 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "KUBELET_DRA_METRICS_ADDRESS",
         "HOST:PORT for /metrics /healthz /readyz (default 127.0.0.1:9464); empty disables",
     ),
+    # Flags since issue 15: docs/scaling.md says at which cluster size they matter.
+    "--api-qps": (
+        "api_qps",
+        "KUBELET_DRA_API_QPS",
+        "API requests per second of the status writer and events (default 50)",
+    ),
+    "--api-burst": (
+        "api_burst",
+        "KUBELET_DRA_API_BURST",
+        "API request burst of the status writer and events (default 100)",
+    ),
+    "--write-concurrency": (
+        "write_concurrency",
+        "KUBELET_DRA_WRITE_CONCURRENCY",
+        "pod status writes in flight at once (default 8)",
+    ),
     # The taint bridge (docs/remediation.md).
     "--taint-effect": (
         "taint_effect",

@@ -54,40 +54,15 @@ class SharedBudget(kube.TokenBucket):
     """The status writer's QPS/burst token bucket with a second, lower-priority door.
 
     The writer calls :meth:`acquire` as before; the bridge calls :meth:`acquire_spare`,
-    which takes a token only while no status write is waiting for one. So the two share
-    one budget (the node's load on the API server stays what ``--api-qps``/``--api-burst``
-    allow) and a storm of pod writes is never slowed down by taint rules.
+    which takes a token only while no status write is waiting for one (and, since issue
+    15, only while more than half the burst would be left, as the writer's Events do:
+    ``kube.calls.TokenBucket``). So the two share one budget (the node's load on the API
+    server stays what ``--api-qps``/``--api-burst`` allow) and a storm of pod writes is
+    never slowed down by taint rules.
     """
 
-    def __init__(self, *, qps: float, burst: int, clock: clock_mod.Clock) -> None:
-        super().__init__(qps=qps, burst=burst, clock=clock)
-        self._budget_clock = clock
-        self._level = float(burst)
-        self._filled_at = clock.now()
-        self._urgent = 0  # status writes waiting for a token
-
-    async def acquire(self) -> None:
-        self._urgent += 1
-        try:
-            while not self._take():
-                await self._budget_clock.sleep((1 - self._level) / self.qps)
-        finally:
-            self._urgent -= 1
-
     async def acquire_spare(self) -> None:
-        while self._urgent or not self._take():
-            await self._budget_clock.sleep(max(1 - self._level, 1.0) / self.qps)
-
-    def _take(self) -> bool:
-        # No await between the refill and the decrement: atomic on the event loop.
-        now = self._budget_clock.now()
-        elapsed = max(0.0, now - self._filled_at)
-        self._level = min(float(self.burst), self._level + elapsed * self.qps)
-        self._filled_at = now
-        if self._level >= 1:
-            self._level -= 1
-            return True
-        return False
+        await self.acquire(spare=True)
 
 
 class BridgeOff(Exception):

@@ -20,6 +20,7 @@ import logging
 import os
 import pathlib
 import socket
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -124,12 +125,19 @@ def _client(config: kubernetes.client.Configuration) -> kubernetes.client.ApiCli
 
 
 class Api:
-    """The handful of calls a node's device-health reporter makes."""
+    """The handful of calls a node's device-health reporter makes.
+
+    Requests are built with the client's lower-level ``ApiClient``
+    (``param_serialize`` + ``call_api``), not ``CoreV1Api``/``ResourceV1Api``:
+    those generated modules (4.5 MB of source for the core group) cost about
+    0.45 s to import and several MB of memory, and validate every argument
+    with pydantic on each call, which a profile of the report -> PATCH path
+    showed (issue 15). Authentication, TLS, the proxy and the token refresh
+    hook are still the client's.
+    """
 
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self.client = client
-        self._core = kubernetes.client.CoreV1Api(client)
-        self._resource = kubernetes.client.ResourceV1Api(client)
         self.calls = 0  # every request sent, watches included (the node-load test reads it)
 
     # -- pods ----------------------------------------------------------------
@@ -138,30 +146,32 @@ class Api:
         """The pods bound to ``node`` (field selector ``spec.nodeName``), as a list object."""
         return self._call(
             f"list pods on node {node}",
-            lambda: self._core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node}", _preload_content=False,
-                _request_timeout=_TIMEOUT,
-            ),
-        )  # fmt: skip
+            lambda: self._request("GET", "/api/v1/pods", query=[_node_selector(node)]),
+        )
 
     def watch_node_pods(
         self, node: str, resource_version: str, *, timeout: int, on_open: Callable[[Any], None]
     ) -> Iterator[dict[str, Any]]:
         """Events of the node's pods after ``resource_version`` (bookmarks included)."""
+        query = [
+            _node_selector(node), ("watch", "true"), ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout)),
+        ]  # fmt: skip
         return self._watch(
             f"watch pods on node {node}",
-            lambda: self._core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node}", watch=True,
-                resource_version=resource_version, allow_watch_bookmarks=True,
-                timeout_seconds=timeout, _preload_content=False,
-                _request_timeout=(_TIMEOUT[0], timeout + 30),
+            lambda: self._request(
+                "GET", "/api/v1/pods", query=query, timeout=(_TIMEOUT[0], timeout + 30)
             ),
             on_open,
-        )  # fmt: skip
+        )
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """One pod, read through ``pods/<name>/status``; 404 is ``errors.PodGone``."""
-        return self._read("pod", self._core.read_namespaced_pod_status, namespace, name, pod=True)
+        return self._call(
+            f"get pod {namespace}/{name}",
+            lambda: self._request("GET", _path("api/v1", namespace, "pods", name, "status")),
+            pod=True,
+        )
 
     def json_patch_pod_status(
         self, namespace: str, name: str, ops: list[dict[str, Any]]
@@ -169,9 +179,9 @@ class Api:
         """A JSON patch (RFC 6902, with ``test`` operations) of ``pods/<name>/status``."""
         return self._call(
             f"patch status of pod {namespace}/{name}",
-            lambda: self._core.patch_namespaced_pod_status(
-                name, namespace, ops, field_manager=FIELD_MANAGER, _content_type=JSON_PATCH,
-                _preload_content=False, _request_timeout=_TIMEOUT,
+            lambda: self._request(
+                "PATCH", _path("api/v1", namespace, "pods", name, "status"),
+                query=[("fieldManager", FIELD_MANAGER)], body=ops, content_type=JSON_PATCH,
             ),
             pod=True,
         )  # fmt: skip
@@ -180,8 +190,11 @@ class Api:
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """One ``resource.k8s.io/v1`` ResourceClaim."""
-        return self._read(
-            "ResourceClaim", self._resource.read_namespaced_resource_claim, namespace, name
+        return self._call(
+            f"get ResourceClaim {namespace}/{name}",
+            lambda: self._request(
+                "GET", _path("apis/resource.k8s.io/v1", namespace, "resourceclaims", name)
+            ),
         )
 
     # -- events --------------------------------------------------------------
@@ -190,31 +203,50 @@ class Api:
         """Create a core/v1 Event in ``namespace``."""
         return self._call(
             f"create event in {namespace}",
-            lambda: self._core.create_namespaced_event(
-                namespace, body, _preload_content=False, _request_timeout=_TIMEOUT
+            lambda: self._request(
+                "POST", _path("api/v1", namespace, "events"), body=body,
+                content_type="application/json",
             ),
-        )
+        )  # fmt: skip
 
     def patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """Update an Event's count, message and time (a JSON merge patch)."""
         return self._call(
             f"update event {namespace}/{name}",
-            lambda: self._core.patch_namespaced_event(
-                name, namespace, body, _content_type=MERGE, _preload_content=False,
-                _request_timeout=_TIMEOUT,
+            lambda: self._request(
+                "PATCH", _path("api/v1", namespace, "events", name), body=body,
+                content_type=MERGE,
             ),
         )  # fmt: skip
 
-    # -- internals -----------------------------------------------------------
+    # -- requests ------------------------------------------------------------
 
-    def _read(
-        self, kind: str, read: Callable[..., Any], namespace: str, name: str, *, pod: bool = False
-    ) -> dict[str, Any]:
-        return self._call(
-            f"get {kind} {namespace}/{name}",
-            lambda: read(name, namespace, _preload_content=False, _request_timeout=_TIMEOUT),
-            pod=pod,
-        )
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: tuple[float, float] = _TIMEOUT,
+    ) -> Any:
+        """Send one request; the raw urllib3 response, or ``ApiException`` for non-2xx
+        (what ``CoreV1Api`` does with ``_preload_content=False``)."""
+        headers = {"Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        request = self.client.param_serialize(
+            method=method, resource_path=path, query_params=query or [],
+            header_params=headers, body=body, auth_settings=["BearerToken"],
+        )  # fmt: skip
+        response = self.client.call_api(*request, _request_timeout=timeout)
+        if not 200 <= response.status <= 299:
+            response.read()  # type: ignore[no-untyped-call]
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        return response.response
+
+    # -- internals -----------------------------------------------------------
 
     def _call(self, what: str, send: Callable[[], Any], *, pod: bool = False) -> dict[str, Any]:
         self.calls += 1
@@ -244,6 +276,16 @@ class Api:
             raise CallError(f"{what}: connection lost ({exc})") from exc
         finally:
             response.release_conn()
+
+
+def _path(prefix: str, namespace: str, resource: str, *rest: str) -> str:
+    """``/<prefix>/namespaces/<ns>/<resource>[/<name>[/<sub>]]``, each segment quoted."""
+    parts = [namespace, resource, *rest]
+    return f"/{prefix}/namespaces/" + "/".join(urllib.parse.quote(p, safe="") for p in parts)
+
+
+def _node_selector(node: str) -> tuple[str, str]:
+    return ("fieldSelector", f"spec.nodeName={node}")
 
 
 def close_response(response: Any) -> None:

@@ -23,7 +23,18 @@ from kubelet_dra.kube import api as kube_api
 
 
 class TokenBucket:
-    """QPS/burst limiter on the injected clock (client-go's token bucket)."""
+    """QPS/burst limiter on the injected clock (client-go's token bucket), two classes.
+
+    Ordinary requests (status writes, pod lists, claim reads) queue in FIFO
+    order. ``acquire(spare=True)`` (Events) takes a token only when no ordinary
+    request is waiting and more than half the burst would be left: Events use
+    what the status writes leave, so Events never delay the status they
+    describe, and under a sustained stream of changes they wait until it
+    calms down (issue 15; the kubelet's
+    client shares one bucket between both, which is what made our latency
+    with ``write_window=0`` 17 times its floor when changes came faster than
+    the QPS).
+    """
 
     def __init__(self, *, qps: float, burst: int, clock: clock_mod.Clock) -> None:
         self.qps, self.burst = qps, burst
@@ -31,15 +42,47 @@ class TokenBucket:
         self._tokens = float(burst)
         self._stamp = clock.now()
         self._lock = asyncio.Lock()
+        self._spare_lock = asyncio.Lock()
+        self._waiting = 0  # ordinary requests waiting for or holding the lock
+        self._idle = asyncio.Event()  # set while no ordinary request waits
+        self._idle.set()
+        self._reserve = burst // 2  # tokens Events leave for status writes
 
-    async def acquire(self) -> None:
-        """Take one token, waiting (on the injected clock) until one is there."""
-        async with self._lock:
-            self._refill()
-            while self._tokens < 1:
-                await self._clock.sleep((1 - self._tokens) / self.qps)
+    async def acquire(self, *, spare: bool = False) -> None:
+        """Take one token, waiting (on the injected clock) until one is there.
+
+        ``spare``: also wait until no ordinary request is waiting.
+        """
+        if spare:
+            await self._acquire_spare()
+            return
+        self._waiting += 1
+        self._idle.clear()
+        try:
+            async with self._lock:
                 self._refill()
-            self._tokens -= 1
+                while self._tokens < 1:
+                    await self._clock.sleep((1 - self._tokens) / self.qps)
+                    self._refill()
+                self._tokens -= 1
+        finally:
+            self._waiting -= 1
+            if not self._waiting:
+                self._idle.set()
+
+    async def _acquire_spare(self) -> None:
+        async with self._spare_lock:
+            while True:
+                if self._waiting:
+                    await self._idle.wait()
+                    continue
+                self._refill()
+                if self._tokens >= 1 + self._reserve:
+                    self._tokens -= 1
+                    return
+                # Look again when enough tokens will have come; an ordinary
+                # request arriving meanwhile takes them first.
+                await self._clock.sleep((1 + self._reserve - self._tokens) / self.qps)
 
     def _refill(self) -> None:
         now = self._clock.now()
@@ -70,8 +113,13 @@ class RetryingCaller:
         self._max_attempts = max_attempts
         self._rng = rng or random.Random()
 
-    async def call(self, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
-        """``fn(*args)``, retried while it fails transiently, up to ``max_attempts`` times."""
+    async def call(
+        self, fn: Callable[..., dict[str, Any]], *args: Any, spare: bool = False
+    ) -> dict[str, Any]:
+        """``fn(*args)``, retried while it fails transiently, up to ``max_attempts`` times.
+
+        ``spare``: take only tokens no ordinary request waits for (Events).
+        """
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception(kube_api.is_transient),
             wait=self._wait,
@@ -82,7 +130,7 @@ class RetryingCaller:
         )
         async for attempt in retrying:
             with attempt:
-                await self._limiter.acquire()
+                await self._limiter.acquire(spare=spare)
                 self._counts.requests += 1
                 return await asyncio.to_thread(fn, *args)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover

@@ -26,7 +26,9 @@ window is leading-edge per pod: a pod not written within the last ``window``
 is due at once; later changes wait until a window after its last write and
 coalesce meanwhile. Each round writes every due pod's *latest* desired status
 once, under a QPS/burst token bucket shared with every other request, so each
-pod gets at most one write per window whatever the storm.
+pod gets at most one write per window whatever the storm. Status writes take
+the bucket's tokens first; Events are flushed by a task of their own and take
+only spare tokens (``calls.TokenBucket``), so they never delay a status write.
 
 ``--container-status``:
 
@@ -108,7 +110,7 @@ class StatusWriter:
         clock: clock_mod.Clock,
         limiter: TokenBucket | None = None,
         events: kube_events.EventRecorder | None = None,
-        concurrency: int = 8,
+        concurrency: int | None = None,
         max_attempts: int = 5,
         rng: random.Random | None = None,
     ) -> None:
@@ -126,9 +128,10 @@ class StatusWriter:
             clock=clock, counts=self.stats, max_attempts=max_attempts, rng=self._rng,
         )  # fmt: skip
         self._gates = gates.ServerGates(node=node_name, events=self._events)
-        self._sem = asyncio.Semaphore(concurrency)
+        self._sem = asyncio.Semaphore(concurrency or config.write_concurrency)
         self._pods = podstate.PodStates()
         self._wake = asyncio.Event()
+        self._flushing: asyncio.Task[None] | None = None
 
     # -- inputs --------------------------------------------------------------
 
@@ -150,8 +153,12 @@ class StatusWriter:
     def pod_updated(self, pod: Obj) -> None:
         """A pod as the API shows it now (from the watch)."""
         state = self._pods.get(podjson.uid(pod))
-        if state is not None and _rv(state.pod) > _rv(pod):
-            return  # our own write's answer is newer than this watch event
+        if state is not None:
+            known, seen = _rv(state.pod), _rv(pod)
+            if known > seen or (known and known == seen):
+                # Our own write's answer is newer than this watch event, or is this
+                # very version (the echo of our write): nothing to plan again.
+                return
         terminated = podjson.phase(pod) in TERMINAL and (
             state is None or podjson.phase(state.pod) not in TERMINAL
         )
@@ -182,9 +189,22 @@ class StatusWriter:
     # -- the loop ------------------------------------------------------------
 
     async def run(self) -> None:
-        """Write dirty pods forever: each round writes the pods that are due."""
+        """Write dirty pods forever: each round writes the pods that are due.
+
+        Events are flushed by a task of their own on spare tokens, so the next
+        round's status writes never wait behind an Event request.
+        """
+        try:
+            await self._run()
+        finally:
+            if self._flushing is not None:
+                self._flushing.cancel()
+                await asyncio.gather(self._flushing, return_exceptions=True)
+
+    async def _run(self) -> None:
         while True:
-            events_due = self._events.next_due()
+            flushing = self._flushing is not None and not self._flushing.done()
+            events_due = None if flushing else self._events.next_due()
             pods_due = self._pods.next_due()
             if pods_due is None and events_due is None:
                 await self._wake.wait()
@@ -197,20 +217,31 @@ class StatusWriter:
                 # A pod marked meanwhile may be due earlier: wake for it too.
                 await clock_mod.sleep_or_wake(self._clock, delay, self._wake)
                 continue
-            await self.round()
+            await self._write_due()
+            events_due = self._events.next_due()
+            if not flushing and events_due is not None and events_due <= self._clock.now():
+                self._flushing = asyncio.create_task(self._flush_events())
+                self._flushing.add_done_callback(lambda _task: self._wake.set())
 
     async def round(self) -> None:
         """One coalescing round: write every due pod once, flush events, expire records."""
+        await self._write_due()
+        await self._flush_events()
+
+    async def _write_due(self) -> None:
         self.stats.rounds += 1
         due = self._pods.take_due(self._clock.now())
         self._refresh_stats()
         await asyncio.gather(*(self._guarded_sync(uid) for uid in due))
-        await self._events.flush(
-            functools.partial(self._calls.call, self._api.create_event),
-            functools.partial(self._calls.call, self._api.patch_event),
-        )
         self._pods.expire_records(self._clock.now())
         self._refresh_stats()
+
+    async def _flush_events(self) -> None:
+        # Events take only tokens no status write is waiting for.
+        await self._events.flush(
+            functools.partial(self._calls.call, self._api.create_event, spare=True),
+            functools.partial(self._calls.call, self._api.patch_event, spare=True),
+        )
 
     # -- one pod -------------------------------------------------------------
 

@@ -62,6 +62,9 @@ CASES = [
         "0.0.0.0:1",
         "127.0.0.1:2",
     ),
+    ("--api-qps", "20", "5.5", "api_qps", 20.0, 5.5),
+    ("--api-burst", "40", "10", "api_burst", 40, 10),
+    ("--write-concurrency", "4", "2", "write_concurrency", 4, 2),
     # The taint bridge (issue 13).
     (
         "--taint-effect",
@@ -86,6 +89,9 @@ DEFAULTS = {
     "container_status": settings.ContainerStatusMode.AUTO,
     "pod_condition_type": "DeviceHealthy",
     "metrics_address": "127.0.0.1:9464",
+    "api_qps": 50.0,
+    "api_burst": 100,
+    "write_concurrency": 8,
     "taint_effect": settings.TaintEffect.OFF,
     "taint_after": 10.0,
     "taint_unknown_after": None,

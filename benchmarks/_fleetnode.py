@@ -1,0 +1,182 @@
+"""One process of the ``fleet`` benchmark: several nodes, each our library plus a FakeDriver.
+
+``python -m benchmarks._fleetnode --kubeconfig K --workdir W --nodes n0000,n0001,...``
+starts, for every node name, a :class:`kubelet_dra.testing.FakeDriver` with
+``--devices`` devices (all Healthy) in its own plugin registry and a
+:class:`kubelet_dra.DRAHealthManager` for that node, with its own API client
+(its own connection pool, pod watch, token bucket and state file), exactly
+what one sidecar runs, minus the metrics server. Many nodes share one event
+loop, which is the point: a fleet of 200 sidecar processes at ~60 MB each does
+not fit next to the other work on a 2-core machine.
+
+Control: JSON lines on stdin, answers on stdout.
+``{"op": "health", "nodes": [...], "devices": [0, 1] | null, "health": "Unhealthy"}``
+sets those devices of those nodes' drivers (null: every device) and answers
+``{"event": "sent", "t": <wall clock after the last send>}``;
+``{"op": "stats"}`` answers RSS, CPU seconds, the writers' request counters and
+the request-body bytes every node's client sent (counted in urllib3);
+``{"op": "stop"}`` closes everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import pathlib
+import resource
+import sys
+import time
+from typing import Any
+
+DRIVER = "gpu.fleet.example.com"
+POOL = "pool"
+
+_SENT_BYTES = [0, 0]  # request-body bytes, requests: every client in this process
+
+
+def count_request_bytes() -> None:
+    """Count request bodies at urllib3's ``urlopen`` (every ApiClient goes through it)."""
+    import urllib3.connectionpool
+
+    original = urllib3.connectionpool.HTTPConnectionPool.urlopen
+
+    def urlopen(self: Any, method: str, url: str, body: Any = None, *a: Any, **kw: Any) -> Any:
+        _SENT_BYTES[0] += len(body) if isinstance(body, bytes | str) else 0
+        _SENT_BYTES[1] += 1
+        return original(self, method, url, body, *a, **kw)
+
+    urllib3.connectionpool.HTTPConnectionPool.urlopen = urlopen  # type: ignore[method-assign]
+
+
+def device_name(k: int) -> str:
+    return f"dev-{k}"
+
+
+class Node:
+    """A FakeDriver and a DRAHealthManager for one node name."""
+
+    def __init__(self, name: str, workdir: pathlib.Path, kubeconfig: str, devices: int) -> None:
+        import kubelet_dra
+
+        self.name = name
+        self.health = {k: "Healthy" for k in range(devices)}
+        base = workdir / name
+        self.registry = base / "reg"
+        self.registry.mkdir(parents=True, exist_ok=True)
+        self.settings = kubelet_dra.Settings(
+            node_name=name,
+            kubeconfig=pathlib.Path(kubeconfig),
+            plugins_registry=self.registry,
+            state_dir=base / "state",
+            health_timeout=3600,
+        )
+        self.driver: Any = None
+        self.manager: Any = None
+
+    async def start(self, stack: contextlib.AsyncExitStack) -> None:
+        import kubelet_dra
+        from kubelet_dra.testing import FakeDriver
+
+        self.driver = await stack.enter_async_context(
+            FakeDriver(name=DRIVER, registry=self.registry)
+        )
+        await self.send()
+        self.manager = await stack.enter_async_context(kubelet_dra.DRAHealthManager(self.settings))
+
+    async def send(self) -> None:
+        await self.driver.set_health(
+            *({"pool": POOL, "device": device_name(k), "health": h} for k, h in self.health.items())
+        )
+
+    def writer_counts(self) -> dict[str, int]:
+        writer = getattr(self.manager, "writer", None)
+        if writer is None:
+            return {}
+        counts = {f"result_{k}": int(v) for k, v in writer.stats.results.items()}
+        counts["requests"] = int(writer.stats.requests)
+        return counts
+
+
+def _stats(nodes: list[Node]) -> dict[str, Any]:
+    status: dict[str, int] = {}
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS"):
+            status[key] = int(value.split()[0])
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    totals: dict[str, int] = {}
+    for node in nodes:
+        for name, count in node.writer_counts().items():
+            totals[name] = totals.get(name, 0) + count
+    return {
+        "event": "stats",
+        "rss_kb": status.get("VmRSS", 0),
+        "hwm_kb": status.get("VmHWM", 0),
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "sent_bytes": _SENT_BYTES[0],
+        "http_requests": _SENT_BYTES[1],
+        "writers": totals,
+    }
+
+
+def _emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+async def _commands(nodes: dict[str, Node]) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        command = json.loads(line)
+        op = command.get("op")
+        if op == "stop":
+            return
+        if op == "stats":
+            _emit(_stats(list(nodes.values())))
+        elif op == "health":
+            chosen = [nodes[n] for n in command["nodes"] if n in nodes]
+            for node in chosen:
+                for k in command.get("devices") or list(node.health):
+                    node.health[int(k)] = str(command["health"])
+            await asyncio.gather(*(node.send() for node in chosen))
+            _emit({"event": "sent", "t": time.time(), "nodes": len(chosen)})
+        else:
+            _emit({"event": "error", "message": f"unknown op {op!r}"})
+
+
+async def amain(ns: argparse.Namespace) -> None:
+    # One sidecar has its own pool of I/O threads; many nodes on one loop need more
+    # than the default min(32, CPUs + 4) for their writes and claim reads.
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max_workers=ns.threads, thread_name_prefix="io")
+    )
+    workdir = pathlib.Path(ns.workdir)
+    nodes = {name: Node(name, workdir, ns.kubeconfig, ns.devices) for name in ns.nodes.split(",")}
+    async with contextlib.AsyncExitStack() as stack:
+        for node in nodes.values():
+            await node.start(stack)
+        _emit({**_stats(list(nodes.values())), "event": "ready"})
+        await _commands(nodes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks._fleetnode")
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--nodes", required=True)
+    parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=64)
+    ns = parser.parse_args()
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    count_request_bytes()
+    asyncio.run(amain(ns))
+
+
+if __name__ == "__main__":
+    main()
