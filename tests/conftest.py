@@ -21,6 +21,7 @@ real time is :func:`kubelet_dra.testing.eventually`.
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import shutil
 import tempfile
@@ -32,6 +33,21 @@ import pytest
 from kubelet_dra import clock
 from kubelet_dra.testing import FakeApiServer
 from tests.interop import _build
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """Undo what a test's ``cli.main`` did to the root logger.
+
+    The command configures logging on the root logger with the ``sys.stderr`` of
+    the moment, which pytest's capture closes after the test; a later test that
+    logs would then print "--- Logging error ---" into its own captured output.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture
