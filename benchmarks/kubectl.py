@@ -161,7 +161,9 @@ def build_real(server: Any, pods: int) -> int:
     with client.ApiClient(config) as api:
         core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
         for n in range(NAMESPACES):
-            core.create_namespace({"metadata": {"name": f"team-{n}"}})
+            core.create_namespace(
+                client.V1Namespace(metadata=client.V1ObjectMeta(name=f"team-{n}"))
+            )
 
         def create(obj: dict[str, Any], post: Callable[..., Any], put: Callable[..., Any]) -> None:
             obj = copy.deepcopy(obj)
