@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
-import shutil
-import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -55,16 +52,6 @@ def line(request: pytest.FixtureRequest) -> tuple[str, pathlib.Path]:
     if wanted and minor not in wanted:
         pytest.skip(f"kubelet {minor} not selected ({LINES_ENV})")
     return version, _twin.require_binary(version)
-
-
-@pytest.fixture
-def sockdir() -> Iterator[pathlib.Path]:
-    # Short, so the unix socket paths stay under the 108-byte limit.
-    path = pathlib.Path(tempfile.mkdtemp(prefix="kt", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _has_entries(version: str, source: str) -> bool:
