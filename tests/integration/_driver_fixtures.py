@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubelet_dra import models, plugins, registration, settings
-from kubelet_dra.testing import FakeApiServer, eventually
+from kubelet_dra.testing import FakeApiServer
 
 NODE = "node-1"
 
@@ -57,12 +57,6 @@ def make_settings(
         values |= {"node_name": NODE, "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig")}
     values.update(overrides)
     return settings.Settings(**values)
-
-
-# DEPRECATED: the old name of ``kubelet_dra.testing.eventually``, kept only while branches
-# that still import it are merged; new code calls ``eventually`` (it says what it waited
-# for). Delete this alias once no test imports ``wait_until``.
-wait_until = eventually
 
 
 def rss_mb() -> float:
