@@ -46,6 +46,11 @@ class TwinCrashed(Exception):
     """The twin process died or answered something that is not the protocol."""
 
 
+class TwinTimeout(TwinCrashed):
+    """The twin did not answer within its timeout: on a loaded machine a matter of
+    timing, not of what the kubelet computes (the runner retries it as such)."""
+
+
 class ProcessTwin:
     """A twin binary driven over stdin/stdout (one JSON object per line each way)."""
 
@@ -82,7 +87,9 @@ class ProcessTwin:
                 proc.stdin.write(json.dumps({"op": op, **fields}).encode() + b"\n")
                 await proc.stdin.drain()
                 line = await asyncio.wait_for(proc.stdout.readline(), self.timeout)
-            except (ConnectionError, TimeoutError) as exc:
+            except TimeoutError:
+                raise TwinTimeout(f"{op}: no answer within {self.timeout}s") from None
+            except ConnectionError as exc:
                 raise TwinCrashed(
                     f"{op}: {type(exc).__name__} {await self.stderr_tail()}"
                 ) from None
