@@ -77,10 +77,21 @@ def results(nodes: int) -> list[dict[str, Any]]:
     rack = nodes // 4 * fleet.DEVICES
     ours = {"PATCH pods/status": rack * 1.25, "POST events": rack}
     theirs = {"PATCH pods/status": rack * 1.25, "GET pods": rack * 1.25}
-    lists = {"answered": nodes, "failed": 3 * nodes, "p50": 1.0, "p99": 2.0, "max": 2.1,
-             "peak_100ms": nodes}
-    restart = {"phase": phase("apiserver restart", nodes, ours, 1.0), "down_s": 2.0,
-               "ready_s": 5.0, "relists": float(nodes), "current_after_s": 5.0}
+    lists = {
+        "answered": nodes,
+        "failed": 3 * nodes,
+        "p50": 1.0,
+        "p99": 2.0,
+        "max": 2.1,
+        "peak_100ms": nodes,
+    }
+    restart = {
+        "phase": phase("apiserver restart", nodes, ours, 1.0),
+        "down_s": 2.0,
+        "ready_s": 5.0,
+        "relists": float(nodes),
+        "current_after_s": 5.0,
+    }
     apf_down = phase("APF rack down", rack, ours | {"POST events": rack}, 0.5)
     apf_down.cost.throttled["PATCH pods/status"] = 30.0
     apf_down.retries = 30.0
