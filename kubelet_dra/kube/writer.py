@@ -71,6 +71,13 @@ from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
 
+#: Refusals not retried at once but again after the per-pod backoff: a restarted
+#: kube-apiserver answers 403 to every non-admin user until its RBAC cache has
+#: synced (seconds; measured in the fleet benchmark, issue 15), and a rotated token
+#: or a binding being created heals the same way. Dropping the write would lose
+#: the change until the device changes again.
+_LATER = (401, 403)
+
 HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
 TERMINAL = frozenset({"Succeeded", "Failed"})
 RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
@@ -379,7 +386,7 @@ class StatusWriter:
             "Device status of pod %s/%s not written (attempt %d): %s",
             podjson.namespace(state.pod), podjson.name(state.pod), state.failures, exc,
         )  # fmt: skip
-        if kube_api.is_transient(exc):
+        if kube_api.is_transient(exc) or exc.status in _LATER:
             # Still transient: never drop the last state, but back off per pod
             # so an outage is no retry storm.
             self._requeue(state.uid, podstate.failure_backoff(state.failures, self._rng))
