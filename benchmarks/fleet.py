@@ -950,8 +950,29 @@ def _totals(phases: list[Phase], prefix: str) -> dict[str, float]:
     }
 
 
+#: Overrides the fleet sizes of the chosen config: ``FLEET_SIZES=200 python -m benchmarks
+#: --quick --only fleet`` runs the quick phases at 200 nodes only.
+SIZES_ENV = "FLEET_SIZES"
+
+
+def sizes_from_env(config: Config, value: str | None) -> Config:
+    """``config`` with the sizes of ``$FLEET_SIZES`` (comma list of positive ints), if set."""
+    if not value:
+        return config
+    try:
+        sizes = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise c.CheckFailed(
+            f"{SIZES_ENV}={value!r}: expected a comma list of node counts"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise c.CheckFailed(f"{SIZES_ENV}={value!r}: node counts must be at least 1")
+    return dataclasses.replace(config, sizes=sizes)
+
+
 async def run(config: Config) -> c.Outcome:
     out = c.Outcome(NAME)
+    config = sizes_from_env(config, os.environ.get(SIZES_ENV))
     bins = _binaries()
     if isinstance(bins, str):
         out.notes.append(f"SKIPPED: {bins}")

@@ -140,3 +140,12 @@ def test_event_requests_count_as_ours_whichever_phase_they_landed_in() -> None:
     ]  # fmt: skip
     assert fleet._totals(phases, "rack")["requests"] == 100 + 20 + 60
     assert fleet._totals(phases, "kubelet rack")["requests"] == 200
+
+
+def test_fleet_sizes_come_from_the_environment_when_set() -> None:
+    assert fleet.sizes_from_env(fleet.QUICK, None) is fleet.QUICK
+    assert fleet.sizes_from_env(fleet.QUICK, "200").sizes == (200,)
+    assert fleet.sizes_from_env(fleet.FULL, "10,100").flaps == fleet.FULL.flaps
+    for bad in ("ten", "0", "10,,20"):
+        with pytest.raises(c.CheckFailed, match="FLEET_SIZES"):
+            fleet.sizes_from_env(fleet.QUICK, bad)
