@@ -139,8 +139,8 @@ class Snapshot:
     etcd_revision: float
     at: float
     #: "VERB resource[/sub]" -> requests answered 429 (APF or the inflight limits), from
-    #: ``apiserver_request_terminations_total``: a rejected request never reaches the
-    #: handler that counts ``apiserver_request_total``.
+    #: ``apiserver_request_terminations_total`` (``apiserver_request_total`` counts them
+    #: too, among the requests).
     throttled: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def minus(self, other: Snapshot) -> Snapshot:
@@ -1025,7 +1025,7 @@ def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> Non
     )  # fmt: skip
     out.table(
         "Fleet: steady state, apiserver restart, worker processes",
-        ["nodes", "steady requests/min (all nodes)", "restart: down s",
+        ["nodes", "steady requests/min (all nodes)", "restart: stop asked to new start s",
          "new apiserver ready after s", "pod relists",
          "all pods current after the new apiserver started, s", "processes",
          "RSS per process MB (after start)",
