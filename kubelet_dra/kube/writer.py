@@ -18,8 +18,10 @@ How a write is made (planned by ``kube.patchplan``, per-pod state in ``kube.pods
   over the backoff) and lost connections. A pod is given up only when it is
   gone (404 or another UID); after the attempts run out it goes back into the
   dirty set with a per-pod exponential backoff (1 to 30 s), so its last state
-  is written eventually without a retry storm. Jitter comes from an injected
-  ``random.Random``, like the health streams' backoff.
+  is written eventually without a retry storm. A 401 or 403 takes that per-pod
+  backoff at once (a restarted apiserver refuses non-admin users until its RBAC
+  cache has synced; a fixed binding heals the same way). Jitter comes from an
+  injected ``random.Random``, like the health streams' backoff.
 
 Coalescing: ``mark_dirty`` puts pods in a set with the time each is due. The
 window is leading-edge per pod: a pod not written within the last ``window``
