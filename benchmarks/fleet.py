@@ -778,7 +778,27 @@ def node_user(servers: Servers, workdir: pathlib.Path) -> pathlib.Path:
     path: pathlib.Path = server.write_kubeconfig(
         workdir / "node.kubeconfig", server.tokens[NODE_USER], NODE_USER
     )
+    _wait_authorized(servers, server.tokens[NODE_USER])
     return path
+
+
+def _wait_authorized(servers: Servers, token: str, timeout: float = 60.0) -> None:
+    """Until the apiserver's RBAC cache has the new binding: the nodes' first requests
+    would be answered 403 and retried on their backoff, which the start phase would time."""
+    request = urllib.request.Request(
+        f"{servers.server.url}/api/v1/namespaces/{OURS}/pods?limit=1",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(request, context=servers._ctx, timeout=10):
+                return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 403:
+                raise
+        time.sleep(0.1)
+    raise c.CheckFailed(f"{NODE_USER} still forbidden {timeout:.0f} s after its binding")
 
 
 def relist_stats(lists: list[tuple[float, bool]], up: float) -> dict[str, float]:
