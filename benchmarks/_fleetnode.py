@@ -15,7 +15,12 @@ sets those devices of those nodes' drivers (null: every device) and answers
 ``{"event": "sent", "t": <wall clock after the last send>}``;
 ``{"op": "stats"}`` answers RSS, CPU seconds, the writers' request counters and
 the request-body bytes every node's client sent (counted in urllib3);
-``{"op": "stop"}`` closes everything.
+``{"op": "lists", "since": T}`` answers every pod LIST a node started at or
+after wall time ``T``: ``[[t, ok], ...]`` (``ok``: the server answered it);
+``{"op": "jitter", "on": false}`` makes every node's relist backoff draw the
+top of its range, i.e. the fixed doubling schedule from before issue 15 (the
+apiserver-restart case measures both in one run); ``{"op": "stop"}`` closes
+everything.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import contextlib
 import json
 import os
 import pathlib
+import random
 import resource
 import sys
 import time
@@ -50,6 +56,55 @@ def count_request_bytes() -> None:
         return original(self, method, url, body, *a, **kw)
 
     urllib3.connectionpool.HTTPConnectionPool.urlopen = urlopen  # type: ignore[method-assign]
+
+
+_LISTS: list[tuple[float, bool]] = []  # every pod LIST a node started: wall time, answered
+
+
+def record_lists() -> None:
+    """Record when each node lists its pods (``Api.list_node_pods``) and whether it got an
+    answer: the relists after an apiserver restart, timed from the nodes' side."""
+    from kubelet_dra.kube import api as kube_api
+
+    original = kube_api.Api.list_node_pods
+
+    def list_node_pods(self: Any, node: str) -> Any:
+        started = time.time()
+        try:
+            listed = original(self, node)
+        except Exception:
+            _LISTS.append((started, False))
+            raise
+        _LISTS.append((started, True))
+        return listed
+
+    kube_api.Api.list_node_pods = list_node_pods  # type: ignore[method-assign]
+
+
+class SwitchableJitter(random.Random):
+    """The nodes' relist rng: full jitter, or (``on = False``) always the top of the range,
+    which is the fixed doubling schedule the relist backoff had before issue 15."""
+
+    on = True
+
+    def uniform(self, a: float, b: float) -> float:
+        return super().uniform(a, b) if self.on else b
+
+
+JITTER = SwitchableJitter()
+
+
+def inject_relist_rng() -> None:
+    """Give every node's ``NodePods`` the switchable rng (the manager passes none)."""
+    from kubelet_dra.kube import pods
+
+    original = pods.NodePods.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("rng", JITTER)
+        original(self, *args, **kwargs)
+
+    pods.NodePods.__init__ = init  # type: ignore[method-assign]
 
 
 def device_name(k: int) -> str:
@@ -139,6 +194,12 @@ async def _commands(nodes: dict[str, Node]) -> None:
             return
         if op == "stats":
             _emit(_stats(list(nodes.values())))
+        elif op == "lists":
+            since = float(command.get("since") or 0.0)
+            _emit({"event": "lists", "lists": [[t, ok] for t, ok in _LISTS if t >= since]})
+        elif op == "jitter":
+            JITTER.on = bool(command["on"])
+            _emit({"event": "jitter", "on": JITTER.on})
         elif op == "health":
             chosen = [nodes[n] for n in command["nodes"] if n in nodes]
             for node in chosen:
@@ -175,6 +236,8 @@ def main() -> None:
     ns = parser.parse_args()
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     count_request_bytes()
+    record_lists()
+    inject_relist_rng()
     asyncio.run(amain(ns))
 
 

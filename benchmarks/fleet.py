@@ -10,7 +10,17 @@ processes (``benchmarks/_fleetnode.py``). Phases:
 
 (a) steady state; (b) one device flapping on every node; (c) a rack failure:
 25 % of the nodes with every device Unhealthy at once, then recovered; (d) the
-kube-apiserver restarted under the fleet while one device per node changes.
+kube-apiserver restarted under the fleet while one device per node changes,
+twice: with the nodes' relist backoff as it was before issue 15 (fixed
+doubling) and with its full jitter, timing every node's relist; (e) the rack
+failure again with API Priority and Fairness on and the nodes' user in a
+priority level of a few seats and a short queue, so that the writers get 429s
+with ``Retry-After`` (against (c), where APF is off).
+
+The nodes authenticate as one user (``fleet-node``, in the group
+``system:serviceaccounts`` like a DaemonSet's service account, bound to
+``cluster-admin``), not as the admin: members of ``system:masters`` are
+exempt from every inflight limit and from APF.
 
 Costs come from the servers: requests by verb and resource from the
 apiserver's own ``apiserver_request_total`` (watches excluded, the
@@ -43,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -58,17 +69,32 @@ TWINS = "kubelet"  # namespace of the baseline's twin pods
 RACK = 0.25
 
 
+#: The nodes' user (a static token), its groups, and the APF objects of case (e).
+NODE_USER = "fleet-node"
+NODE_GROUPS = ("system:serviceaccounts",)
+APF_LEVEL = "fleet-nodes"
+#: Nominal concurrency shares of the nodes' priority level: of the bootstrap levels' 245
+#: shares plus these, against the default 600 seats (400 + 200 inflight): 3 seats.
+APF_SHARES = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     sizes: tuple[int, ...]
     processes: int
     steady_seconds: float
     flaps: int
+    #: Case (e): the share of the nodes failing at once, and the nodes' priority level's
+    #: one queue's length (requests beyond its seats + this many are answered 429).
+    apf_rack: float = RACK
+    apf_queue: int = 4
 
 
 FULL = Config(sizes=(10, 50, 100, 200), processes=4, steady_seconds=20.0, flaps=3)
 QUICK = Config(sizes=(10, 50), processes=4, steady_seconds=5.0, flaps=1)
-SMOKE = Config(sizes=(4,), processes=2, steady_seconds=1.0, flaps=1)
+#: The interop test's size: every node fails in case (e) and the queue holds one request,
+#: so 4 nodes x 8 concurrent writes against 3 seats + 1 are sure to meet 429s.
+SMOKE = Config(sizes=(4,), processes=2, steady_seconds=1.0, flaps=1, apf_rack=1.0, apf_queue=1)
 
 Key = tuple[str, str]  # namespace, pod name
 
@@ -112,9 +138,14 @@ class Snapshot:
     etcd_db: float
     etcd_revision: float
     at: float
+    #: "VERB resource[/sub]" -> requests answered 429 (APF or the inflight limits), from
+    #: ``apiserver_request_terminations_total`` (``apiserver_request_total`` counts them
+    #: too, among the requests).
+    throttled: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def minus(self, other: Snapshot) -> Snapshot:
         keys = set(self.requests) | set(other.requests)
+        rejected = set(self.throttled) | set(other.throttled)
         return Snapshot(
             {k: self.requests.get(k, 0) - other.requests.get(k, 0) for k in keys},
             self.response_bytes - other.response_bytes,
@@ -122,7 +153,12 @@ class Snapshot:
             self.etcd_db - other.etcd_db,
             self.etcd_revision - other.etcd_revision,
             self.at - other.at,
+            {k: self.throttled.get(k, 0) - other.throttled.get(k, 0) for k in rejected},
         )
+
+    def rejected(self) -> float:
+        """Requests of the kinds a node makes that were answered 429."""
+        return sum(v for k, v in self.throttled.items() if _ours(k))
 
     def count(self, pattern: str = "") -> float:
         """Requests whose "VERB resource[/sub]" matches, of the kinds a node makes (the
@@ -165,49 +201,118 @@ class Servers:
 
     def snapshot(self) -> Snapshot:
         requests: dict[str, float] = {}
+        throttled: dict[str, float] = {}
         response_bytes = 0.0
         for name, labels, value in parse_metrics(self._get(f"{self.server.url}/metrics", True)):
+            sub = labels.get("subresource")
+            key = f"{labels.get('verb')} {labels.get('resource')}{'/' + sub if sub else ''}"
             if name == "apiserver_request_total" and labels.get("verb") != "WATCH":
-                sub = labels.get("subresource")
-                key = f"{labels.get('verb')} {labels.get('resource')}{'/' + sub if sub else ''}"
                 requests[key] = requests.get(key, 0) + value
             elif name == "apiserver_response_sizes_sum" and labels.get("verb") != "WATCH":
                 response_bytes += value
+            elif name == "apiserver_request_terminations_total" and labels.get("code") == "429":
+                throttled[key] = throttled.get(key, 0) + value
         etcd = {
             n: v for n, _, v in parse_metrics(self._get(f"{self.server.etcd_url}/metrics", False))
         }
         now = Snapshot(
             requests, response_bytes, self.cpu_seconds(),
             etcd.get("etcd_mvcc_db_total_size_in_bytes", 0.0),
-            etcd.get("etcd_debugging_mvcc_current_revision", 0.0), time.time(),
+            etcd.get("etcd_debugging_mvcc_current_revision", 0.0), time.time(), throttled,
         )  # fmt: skip
         base = self._base
         return Snapshot(
-            {k: v + base.requests.get(k, 0) for k, v in now.requests.items()}
-            | {k: v for k, v in base.requests.items() if k not in now.requests},
+            _add(now.requests, base.requests),
             now.response_bytes + base.response_bytes, now.cpu_s + base.cpu_s,
-            now.etcd_db, now.etcd_revision, now.at,
+            now.etcd_db, now.etcd_revision, now.at, _add(now.throttled, base.throttled),
         )  # fmt: skip
+
+    def metric(self, wanted: str, **labels: str) -> float | None:
+        """The value of one apiserver metric sample with these labels, if it is there."""
+        for name, found, value in parse_metrics(self._get(f"{self.server.url}/metrics", True)):
+            if name == wanted and all(found.get(k) == v for k, v in labels.items()):
+                return value
+        return None
+
+    def post(self, path: str, body: dict[str, Any]) -> None:
+        """Create an object as the admin (409, already there, is fine)."""
+        request = urllib.request.Request(
+            f"{self.server.url}{path}", data=json.dumps(body).encode(), method="POST",
+            headers={"Authorization": f"Bearer {self.server.admin_token}",
+                     "Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, context=self._ctx, timeout=30):
+                pass
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:
+                raise
 
     def stop_apiserver(self) -> None:
         """Stop kube-apiserver (etcd keeps running); keep its counters."""
         last = self.snapshot()
-        self._base = dataclasses.replace(last, requests=dict(last.requests))
+        self._base = dataclasses.replace(
+            last, requests=dict(last.requests), throttled=dict(last.throttled)
+        )
         self.apiserver.stop()
 
-    def start_apiserver(self, timeout: float = 120.0) -> tuple[float, float]:
-        """Start kube-apiserver again with the same flags; return when it was started and
-        when ``/readyz`` first answered (it serves requests before it is ready)."""
+    def start_apiserver(
+        self, timeout: float = 120.0, flags: Callable[[list[str]], list[str]] = list
+    ) -> tuple[float, float]:
+        """Start kube-apiserver again with the same flags (or ``flags(old flags)``); return
+        when it was started and when ``/readyz`` first answered (it serves requests before
+        it is ready)."""
         from tests.interop import _apiserver
 
         old = self.apiserver
         started = time.time()
-        new = _apiserver._spawn("kube-apiserver", list(old.popen.args), old.log)
+        new = _apiserver._spawn("kube-apiserver", flags(list(old.popen.args)), old.log)
         self.server._procs[self.server._procs.index(old)] = new
         _apiserver._wait_ready(
             self.server.url, self.server.ca_file, self.server.admin_token, [new], timeout
         )
         return started, time.time()
+
+
+def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}
+
+
+def apf_on(args: list[str]) -> list[str]:
+    """The apiserver's flags with API Priority and Fairness on (its default)."""
+    return [a for a in args if not a.startswith("--enable-priority-and-fairness")] + [
+        "--enable-priority-and-fairness=true"
+    ]
+
+
+def apf_objects(queue: int) -> list[tuple[str, dict[str, Any]]]:
+    """A priority level of ``APF_SHARES`` shares (a few seats, no borrowing, one queue of
+    ``queue``) and a FlowSchema putting the nodes' user in it: (path, body) to POST."""
+    base = "/apis/flowcontrol.apiserver.k8s.io/v1"
+    level = {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "PriorityLevelConfiguration",
+        "metadata": {"name": APF_LEVEL},
+        "spec": {"type": "Limited", "limited": {
+            "nominalConcurrencyShares": APF_SHARES, "lendablePercent": 0,
+            "borrowingLimitPercent": 0,
+            "limitResponse": {"type": "Queue", "queuing": {
+                "queues": 1, "handSize": 1, "queueLengthLimit": queue}},
+        }},
+    }  # fmt: skip
+    schema = {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
+        "metadata": {"name": APF_LEVEL},
+        "spec": {
+            "priorityLevelConfiguration": {"name": APF_LEVEL}, "matchingPrecedence": 500,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{
+                "subjects": [{"kind": "User", "user": {"name": NODE_USER}}],
+                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                   "namespaces": ["*"], "clusterScope": True}],
+            }],
+        },
+    }  # fmt: skip
+    return [(f"{base}/prioritylevelconfigurations", level), (f"{base}/flowschemas", schema)]
 
 
 # -- the pods: ours and the twins, and a watch on all of them -----------------------------
@@ -418,6 +523,19 @@ class Workers:
     def stats(self) -> list[dict[str, Any]]:
         return self._all({"op": "stats"}, "stats")
 
+    def retries(self) -> float:
+        """The writers' retries so far (429, 5xx, lost connections), every node."""
+        return float(sum(s["writers"].get("result_retried", 0) for s in self.stats()))
+
+    def lists(self, since: float) -> list[tuple[float, bool]]:
+        """Every pod LIST a node started since ``since`` (wall time, answered)."""
+        found = self._all({"op": "lists", "since": since}, "lists")
+        return sorted((float(t), bool(ok)) for w in found for t, ok in w["lists"])
+
+    def jitter(self, on: bool) -> None:
+        """Full jitter on the nodes' relist backoff, or the fixed doubling from before."""
+        self._all({"op": "jitter", "on": on}, "jitter")
+
     def stop(self) -> None:
         for proc in self.procs:
             with contextlib.suppress(BrokenPipeError, OSError):
@@ -448,6 +566,7 @@ class Phase:
     latencies: list[float]
     missing: int
     own_lists: int = 0
+    retries: float = 0.0  # the writers' retries during the phase
 
     def requests(self) -> float:
         return self.cost.count(r"^(?!LIST pods$)") + max(
@@ -474,20 +593,24 @@ def run_phase(
 ) -> Phase:  # fmt: skip
     """Apply ``change`` (returns its start time), wait until ``wanted`` shows, settle, count."""
     before = servers.snapshot()
-    sent_before = sum(s["sent_bytes"] for s in workers.stats()) if workers else 0.0
+    stats = workers.stats() if workers else []
+    sent_before = sum(s["sent_bytes"] for s in stats)
+    retried_before = sum(s["writers"].get("result_retried", 0) for s in stats)
     lists_before = watcher.lists
     watcher.expect(wanted)
     started = change()
     _wait_visible(watcher, timeout)
     time.sleep(1.0)  # let the writers' events and late writes land in the counts
     after = servers.snapshot()
-    sent_after = sum(s["sent_bytes"] for s in workers.stats()) if workers else 0.0
+    stats = workers.stats() if workers else []
+    sent_after = sum(s["sent_bytes"] for s in stats)
+    retried_after = sum(s["writers"].get("result_retried", 0) for s in stats)
     with watcher.lock:
         latencies = [t - started for t in watcher.reached.values()]
         missing = len(wanted) - len(watcher.reached)
     return Phase(
         name, device_changes, len(wanted), after.minus(before), sent_after - sent_before,
-        latencies, missing, watcher.lists - lists_before,
+        latencies, missing, watcher.lists - lists_before, retried_after - retried_before,
     )  # fmt: skip
 
 
@@ -540,8 +663,9 @@ def _size(
     from tests.interop import _apiserver, _cluster
 
     server = _apiserver.start_kube_apiserver(
-        etcd_bin=bins[0], apiserver_bin=bins[1], workdir=workdir / "api"
-    )
+        etcd_bin=bins[0], apiserver_bin=bins[1], workdir=workdir / "api",
+        extra_users={NODE_USER: NODE_GROUPS},
+    )  # fmt: skip
     servers = Servers(server)
     cluster = _cluster.RealCluster(server)
     workers: Workers | None = None
@@ -551,6 +675,7 @@ def _size(
     try:
         t0 = time.time()
         populate(cluster, n)
+        kubeconfig = node_user(servers, workdir)
         result["populate_s"] = time.time() - t0
         watcher = Watcher(watch_api).start()
         everyone = range(n)
@@ -563,7 +688,7 @@ def _size(
 
         def start() -> float:
             started = time.time()
-            workers_holder.append(Workers(workdir, server.kubeconfig, n, config.processes))
+            workers_holder.append(Workers(workdir, kubeconfig, n, config.processes))
             return started
 
         phases = [run_phase("start", servers, watcher, None, start, healthy, 0, 120 + 2 * n)]
@@ -609,9 +734,16 @@ def _size(
                 len(rack) * DEVICES, min(len(rack), 16),
             ))  # fmt: skip
         # (d) the apiserver restarted under the fleet: device 1 of every node goes
-        # Unhealthy while it is down.
-        result["restart"] = _restart(servers, watcher, workers, n)
-        phases.append(result["restart"]["phase"])
+        # Unhealthy (then Healthy) while it is down; first with the relist backoff as it
+        # was before issue 15 (fixed doubling), then with its jitter.
+        workers.jitter(False)
+        result["restart_fixed"] = _restart(servers, watcher, workers, n, "Unhealthy", False)
+        workers.jitter(True)
+        result["restart"] = _restart(servers, watcher, workers, n, "Healthy", True)
+        phases += [result["restart_fixed"]["phase"], result["restart"]["phase"]]
+        # (e) the rack failure again, with APF on and the nodes in a small priority level.
+        result["apf"] = _apf(servers, watcher, workers, n, config)
+        phases += result["apf"]["phases"]
         result["phases"] = phases
         result["worker_hwm_mb"] = [s["hwm_kb"] / 1024 for s in workers.stats()]
         result["worker_cpu_s"] = [s["cpu_s"] for s in workers.stats()]
@@ -631,23 +763,83 @@ def _size(
     return result
 
 
-def _restart(servers: Servers, watcher: Watcher, workers: Workers, n: int) -> dict[str, Any]:
+def node_user(servers: Servers, workdir: pathlib.Path) -> pathlib.Path:
+    """The nodes' kubeconfig: user ``NODE_USER`` (a static token), bound to cluster-admin
+    (not in ``system:masters``, so the inflight limits and APF apply to it)."""
+    server = servers.server
+    servers.post("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": NODE_USER},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                      "name": NODE_USER}],
+    })  # fmt: skip
+    path: pathlib.Path = server.write_kubeconfig(
+        workdir / "node.kubeconfig", server.tokens[NODE_USER], NODE_USER
+    )
+    _wait_authorized(servers, server.tokens[NODE_USER])
+    return path
+
+
+def _wait_authorized(servers: Servers, token: str, timeout: float = 60.0) -> None:
+    """Until the apiserver's RBAC cache has the new binding: the nodes' first requests
+    would be answered 403 and retried on their backoff, which the start phase would time."""
+    request = urllib.request.Request(
+        f"{servers.server.url}/api/v1/namespaces/{OURS}/pods?limit=1",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(request, context=servers._ctx, timeout=10):
+                return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 403:
+                raise
+        time.sleep(0.1)
+    raise c.CheckFailed(f"{NODE_USER} still forbidden {timeout:.0f} s after its binding")
+
+
+def relist_stats(lists: list[tuple[float, bool]], up: float) -> dict[str, float]:
+    """The nodes' pod LISTs since the apiserver went down, timed from its new start
+    ``up``: answered ones (p50 / p99 / max s after ``up``), the most answered in one
+    100 ms window, and the attempts that got no answer."""
+    answered = [t - up for t, ok in lists if ok]
+    buckets: dict[int, int] = {}
+    for t in answered:
+        buckets[int(t // 0.1)] = buckets.get(int(t // 0.1), 0) + 1
+    return {
+        "answered": len(answered),
+        "failed": sum(1 for _, ok in lists if not ok),
+        "p50": c.percentile(answered, 50),
+        "p99": c.percentile(answered, 99),
+        "max": max(answered, default=float("nan")),
+        "peak_100ms": max(buckets.values(), default=0),
+    }
+
+
+def _restart(
+    servers: Servers, watcher: Watcher, workers: Workers, n: int, health: str, jitter: bool
+) -> dict[str, Any]:
     everyone = range(n)
     wanted = {
         k: v
-        for k, v in expected(everyone, lambda i, d: "Unhealthy" if d == 1 else "Healthy").items()
+        for k, v in expected(everyone, lambda i, d: health if d == 1 else "Healthy").items()
         if resource_id(1) in v
     }
     before = servers.snapshot()
     sent_before = sum(s["sent_bytes"] for s in workers.stats())
+    retried_before = workers.retries()
     lists_before = watcher.lists
-    servers.stop_apiserver()
     down = time.time()
+    servers.stop_apiserver()
     watcher.expect(wanted)
-    workers.set_health(everyone, [1], "Unhealthy")
+    workers.set_health(everyone, [1], health)
     time.sleep(2.0)  # the writers try, fail and back off while the server is down
     up, ready = servers.start_apiserver()
     _wait_visible(watcher, 120 + n)
+    _wait_relisted(workers, down, n, 60 + n)
     time.sleep(1.0)
     after = servers.snapshot()
     cost = after.minus(before)
@@ -655,17 +847,69 @@ def _restart(servers: Servers, watcher: Watcher, workers: Workers, n: int) -> di
         latencies = [t - up for t in watcher.reached.values()]
         missing = len(wanted) - len(watcher.reached)
     phase = Phase(
-        "apiserver restart", n, len(wanted), cost,
+        f"apiserver restart ({'jitter' if jitter else 'fixed backoff'})", n, len(wanted), cost,
         sum(s["sent_bytes"] for s in workers.stats()) - sent_before, latencies, missing,
-        watcher.lists - lists_before,
+        watcher.lists - lists_before, workers.retries() - retried_before,
     )  # fmt: skip
     return {
         "phase": phase,
+        "jitter": jitter,
         "down_s": up - down,
         "ready_s": ready - up,
         "relists": cost.count(r"^LIST pods$") - (watcher.lists - lists_before),
+        "lists": relist_stats(workers.lists(down), up),
         "current_after_s": max(latencies) if latencies else float("nan"),
     }
+
+
+def _wait_relisted(workers: Workers, since: float, n: int, timeout: float) -> None:
+    """Until the nodes have listed their pods ``n`` times since ``since`` (each node lists
+    once when its watch broke and the server answers again)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(1 for _, ok in workers.lists(since) if ok) >= n:
+            return
+        time.sleep(0.25)
+    raise c.CheckFailed(f"the nodes did not list their pods again within {timeout:.0f} s")
+
+
+def _apf(
+    servers: Servers, watcher: Watcher, workers: Workers, n: int, config: Config
+) -> dict[str, Any]:
+    """Case (e): the apiserver restarted with APF on, the nodes' user in a priority level
+    of ``APF_SHARES`` shares (a few seats) and one queue of ``config.apf_queue``; then a
+    rack failure of ``config.apf_rack`` of the nodes, down and up."""
+    for path, body in apf_objects(config.apf_queue):
+        servers.post(path, body)
+    down = time.time()
+    servers.stop_apiserver()
+    up, _ = servers.start_apiserver(flags=apf_on)
+    seats = _wait_metric(
+        servers, "apiserver_flowcontrol_nominal_limit_seats", priority_level=APF_LEVEL
+    )
+    _wait_relisted(workers, down, n, 120 + n)
+    restart = relist_stats(workers.lists(down), up)
+    rack = range(max(1, round(n * config.apf_rack)))
+    phases = []
+    for state, health in (("down", "Unhealthy"), ("up", "Healthy")):
+        wanted = expected(rack, lambda i, d, h=health: h)  # type: ignore[misc]
+        phases.append(run_phase(
+            f"APF rack {state}", servers, watcher, workers,
+            lambda h=health: workers.set_health(rack, None, h),  # type: ignore[misc]
+            wanted, len(rack) * DEVICES, 120 + 2 * n,
+        ))  # fmt: skip
+    return {"phases": phases, "seats": seats, "queue": config.apf_queue,
+            "rack_nodes": len(rack), "restart_lists": restart}  # fmt: skip
+
+
+def _wait_metric(servers: Servers, name: str, timeout: float = 60.0, **labels: str) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = servers.metric(name, **labels)
+        if value is not None:
+            return value
+        time.sleep(0.25)
+    raise c.CheckFailed(f"apiserver metric {name} {labels} not there within {timeout:.0f} s")
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -691,7 +935,8 @@ def _phase_row(n: int, phase: Phase) -> tuple[object, ...]:
         f"{writes:.0f}", c.num(_per(phase.requests(), changes)),
         c.num(_per(phase.sent_bytes + phase.cost.response_bytes, changes)),
         c.num(_per(phase.cost.cpu_s * 1000, writes)), f"{phase.cost.etcd_revision:.0f}",
-        c.num(phase.cost.etcd_db / 1024), _lat(phase), _kinds(phase),
+        c.num(phase.cost.etcd_db / 1024), _lat(phase), f"{phase.cost.rejected():.0f}",
+        f"{phase.retries:.0f}", _kinds(phase),
     )  # fmt: skip
 
 
@@ -725,8 +970,29 @@ def _totals(phases: list[Phase], prefix: str) -> dict[str, float]:
     }
 
 
+#: Overrides the fleet sizes of the chosen config: ``FLEET_SIZES=200 python -m benchmarks
+#: --quick --only fleet`` runs the quick phases at 200 nodes only.
+SIZES_ENV = "FLEET_SIZES"
+
+
+def sizes_from_env(config: Config, value: str | None) -> Config:
+    """``config`` with the sizes of ``$FLEET_SIZES`` (comma list of positive ints), if set."""
+    if not value:
+        return config
+    try:
+        sizes = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise c.CheckFailed(
+            f"{SIZES_ENV}={value!r}: expected a comma list of node counts"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise c.CheckFailed(f"{SIZES_ENV}={value!r}: node counts must be at least 1")
+    return dataclasses.replace(config, sizes=sizes)
+
+
 async def run(config: Config) -> c.Outcome:
     out = c.Outcome(NAME)
+    config = sizes_from_env(config, os.environ.get(SIZES_ENV))
     bins = _binaries()
     if isinstance(bins, str):
         out.notes.append(f"SKIPPED: {bins}")
@@ -750,7 +1016,8 @@ def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> Non
         "bodies + responses; CPU = kube-apiserver)",
         ["nodes", "phase", "device changes", "pod updates", "requests", "status writes",
          "requests / change", "bytes / change", "apiserver CPU s / 1,000 writes",
-         "etcd revisions", "etcd DB growth KiB", "visible p50 / p99 / max ms", "requests by kind"],
+         "etcd revisions", "etcd DB growth KiB", "visible p50 / p99 / max ms", "429s",
+         "writer retries", "requests by kind"],
         rows,
     )  # fmt: skip
     cmp_rows = []
@@ -778,7 +1045,7 @@ def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> Non
     )  # fmt: skip
     out.table(
         "Fleet: steady state, apiserver restart, worker processes",
-        ["nodes", "steady requests/min (all nodes)", "restart: down s",
+        ["nodes", "steady requests/min (all nodes)", "restart: stop asked to new start s",
          "new apiserver ready after s", "pod relists",
          "all pods current after the new apiserver started, s", "processes",
          "RSS per process MB (after start)",
@@ -792,6 +1059,21 @@ def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> Non
             ", ".join(f"{x:.0f}" for x in r["worker_hwm_mb"]),
             ", ".join(f"{x:.0f}" for x in r["worker_cpu_s"]),
         ) for r in results],
+    )  # fmt: skip
+    out.table(
+        "Fleet: relists after an apiserver restart, the relist backoff without jitter (fixed "
+        "doubling, as before issue 15) and with full jitter (seconds after the new apiserver "
+        "started; the nodes' own clocks)",
+        ["nodes", "relist backoff", "relists answered", "list attempts unanswered",
+         "relist p50 / p99 / max s", "most relists in 100 ms", "all pods current after s"],
+        [_relist_row(r["nodes"], r[key]) for r in results for key in ("restart_fixed", "restart")],
+    )  # fmt: skip
+    out.table(
+        "Fleet: rack failure with API Priority and Fairness off (inflight limits 400 + 200) and "
+        "on (the nodes' user in a priority level of a few seats and one short queue)",
+        ["nodes", "APF", "rack nodes", "device changes", "requests", "429s", "writer retries",
+         "visible p50 / p99 / max ms", "pods not current"],
+        [row for r in results for row in _apf_rows(r)],
     )  # fmt: skip
     biggest = results[-1]
     ours, theirs = _totals(biggest["phases"], "rack"), _totals(biggest["phases"], "kubelet rack")
@@ -821,6 +1103,32 @@ def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> Non
             biggest["restart"]["phase"].missing == 0,
         )
     )
+    fixed, jittered = biggest["restart_fixed"]["lists"], biggest["restart"]["lists"]
+    out.summary.append(
+        c.SummaryRow(
+            f"9 fleet, relists after a restart, {biggest['nodes']} nodes",
+            f"jitter: at most {jittered['peak_100ms']} relists in 100 ms, p50 / max "
+            f"{c.num(jittered['p50'])} / {c.num(jittered['max'])} s",
+            f"fixed backoff: {fixed['peak_100ms']} in 100 ms, "
+            f"{c.num(fixed['p50'])} / {c.num(fixed['max'])} s",
+            f"{c.num(_per(jittered['peak_100ms'], fixed['peak_100ms']))}x peak",
+            "report",
+            None,
+        )
+    )
+    apf = biggest["apf"]["phases"]
+    out.summary.append(
+        c.SummaryRow(
+            f"9 fleet, rack failure under APF, {biggest['nodes']} nodes",
+            f"{sum(p.cost.rejected() for p in apf):.0f} 429s, "
+            f"{sum(p.retries for p in apf):.0f} retries, every pod current after "
+            f"{c.num(max(max(p.latencies, default=0.0) for p in apf))} s",
+            f"APF off: {c.num(max(max(p.latencies, default=0.0) for p in _rack(biggest)))} s",
+            f"{sum(p.missing for p in apf)} pods not current",
+            "no change lost",
+            all(p.missing == 0 for p in apf),
+        )
+    )
     out.table(
         "Projection of a rack failure from the biggest run's cost per device change "
         f"(writer concurrency {WRITER_CONCURRENCY}, QPS {QPS:g}, burst {BURST})",
@@ -831,6 +1139,38 @@ def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> Non
         projection_rows(results),
     )  # fmt: skip
     out.notes.append(projection(results))
+
+
+def _relist_row(n: int, restart: dict[str, Any]) -> tuple[object, ...]:
+    lists = restart["lists"]
+    return (
+        n, "full jitter" if restart["jitter"] else "fixed doubling", f"{lists['answered']:.0f}",
+        f"{lists['failed']:.0f}",
+        f"{c.num(lists['p50'])} / {c.num(lists['p99'])} / {c.num(lists['max'])}",
+        f"{lists['peak_100ms']:.0f}", c.num(restart["current_after_s"]),
+    )  # fmt: skip
+
+
+def _rack(result: dict[str, Any]) -> list[Phase]:
+    return [p for p in result["phases"] if p.name.startswith("rack ")]
+
+
+def _apf_rows(result: dict[str, Any]) -> list[tuple[object, ...]]:
+    apf = result["apf"]
+    rows: list[tuple[object, ...]] = []
+    for label, rack_nodes, phases in (
+        ("off", max(1, round(result["nodes"] * RACK)), _rack(result)),
+        (f"on: {apf['seats']:.0f} seats + queue {apf['queue']}", apf["rack_nodes"],
+         apf["phases"]),
+    ):  # fmt: skip
+        for phase in phases:
+            rows.append((
+                result["nodes"], label, rack_nodes, f"{phase.name.split()[-1]}: "
+                f"{phase.device_changes}", f"{phase.requests():.0f}",
+                f"{phase.cost.rejected():.0f}", f"{phase.retries:.0f}", _lat(phase),
+                phase.missing,
+            ))  # fmt: skip
+    return rows
 
 
 #: The apiserver's defaults (k8s.io/apiserver server.Config, flowcontrol bootstrap):

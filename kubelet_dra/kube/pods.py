@@ -3,6 +3,13 @@
 Part of ``kube`` (see the package docstring for the wiring). Kubelet
 counterpart: the pod manager's view of the node's pods (its pod config
 source), with one GET per referenced ResourceClaim instead of an informer.
+
+After a broken watch the node waits before it lists again, with full jitter
+(a uniform draw between 0 and the doubling step, from an injected
+``random.Random``), so that when an apiserver restart breaks every node's
+watch at once the fleet's relists spread over the step instead of arriving
+together (issue 15; client-go's reflector jitters its relist backoff too,
+with a wait between the step and twice it).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import threading
 from typing import Any
 
@@ -23,6 +31,17 @@ from kubelet_dra.podjson import Obj
 logger = logging.getLogger(__name__)
 
 _DONE = object()
+
+
+def relist_delay(step: float, rng: random.Random) -> float:
+    """How long to wait before listing again: full jitter, uniform in ``[0, step]``.
+
+    ``step`` doubles per failure up to the cap; drawing the whole wait (not a
+    +-20 % band around it) is what desynchronises nodes whose watches broke
+    at the same instant: after k failures their attempts are sums of k
+    independent draws, so they no longer land on the same instants.
+    """
+    return rng.uniform(0.0, step)
 
 
 class NodePods:
@@ -40,6 +59,7 @@ class NodePods:
         watch_timeout: int = 300,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
+        rng: random.Random | None = None,
     ) -> None:
         self.node = node_name
         self.pods_synced = False
@@ -47,6 +67,7 @@ class NodePods:
         self._limiter = limiter
         self._watch_timeout = watch_timeout
         self._backoff = (backoff_initial, backoff_max)
+        self._rng = rng or random.Random()
         self._pods: dict[str, Obj] = {}
         self._claim_tasks: dict[claims.ClaimKey, asyncio.Task[None]] = {}
         self._fetched: set[claims.ClaimKey] = set()
@@ -74,7 +95,7 @@ class NodePods:
                     logger.info("Pod watch on node %s expired; listing again", self.node)
                 except errors.ApiError as exc:
                     logger.warning("Pod watch on node %s failed: %s", self.node, exc)
-                    await self._clock.sleep(delay)
+                    await self._clock.sleep(relist_delay(delay, self._rng))
                     delay = min(delay * 2, self._backoff[1])
         finally:
             for task in self._claim_tasks.values():

@@ -18,8 +18,10 @@ How a write is made (planned by ``kube.patchplan``, per-pod state in ``kube.pods
   over the backoff) and lost connections. A pod is given up only when it is
   gone (404 or another UID); after the attempts run out it goes back into the
   dirty set with a per-pod exponential backoff (1 to 30 s), so its last state
-  is written eventually without a retry storm. Jitter comes from an injected
-  ``random.Random``, like the health streams' backoff.
+  is written eventually without a retry storm. A 401 or 403 takes that per-pod
+  backoff at once (a restarted apiserver refuses non-admin users until its RBAC
+  cache has synced; a fixed binding heals the same way). Jitter comes from an
+  injected ``random.Random``, like the health streams' backoff.
 
 Coalescing: ``mark_dirty`` puts pods in a set with the time each is due. The
 window is leading-edge per pod: a pod not written within the last ``window``
@@ -70,6 +72,13 @@ from kubelet_dra.kube import events as kube_events
 from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
+
+#: Refusals not retried at once but again after the per-pod backoff: a restarted
+#: kube-apiserver answers 403 to every non-admin user until its RBAC cache has
+#: synced (seconds; measured in the fleet benchmark, issue 15), and a rotated token
+#: or a binding being created heals the same way. Dropping the write would lose
+#: the change until the device changes again.
+_LATER = (401, 403)
 
 HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
 TERMINAL = frozenset({"Succeeded", "Failed"})
@@ -379,7 +388,7 @@ class StatusWriter:
             "Device status of pod %s/%s not written (attempt %d): %s",
             podjson.namespace(state.pod), podjson.name(state.pod), state.failures, exc,
         )  # fmt: skip
-        if kube_api.is_transient(exc):
+        if kube_api.is_transient(exc) or exc.status in _LATER:
             # Still transient: never drop the last state, but back off per pod
             # so an outage is no retry storm.
             self._requeue(state.uid, podstate.failure_backoff(state.failures, self._rng))

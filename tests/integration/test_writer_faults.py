@@ -97,6 +97,26 @@ async def test_outage_longer_than_the_retries_still_ends_with_the_last_state() -
         )
 
 
+@pytest.mark.parametrize("code", [401, 403], ids=["401", "403"])
+async def test_refusals_of_a_cold_apiserver_are_written_again_after_the_backoff(
+    code: int,
+) -> None:
+    """A restarted kube-apiserver answers 403 until its RBAC cache has synced (the fleet
+    benchmark met it): the write is not retried at once, but after the per-pod backoff,
+    and the change is not lost."""
+    async with h.running() as t:
+        fault = t.server.fail("PATCH", STATUS, code=code, times=None)
+        t.pod_with_gpu("p1", "gpu-0")
+        await eventually(lambda: t.pods.claims_synced)
+        t.report("gpu-0", H.UNHEALTHY)
+        await eventually(lambda: t.writer.stats.results["failed"] >= 1, timeout=10)
+        assert t.writer.stats.results["retried"] == 0  # not a transient failure
+        t.server.clear_fault(fault)
+        await eventually(
+            lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"}, timeout=10
+        )
+
+
 async def test_pod_replaced_under_the_same_name_mid_write_is_dropped_not_retried(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
