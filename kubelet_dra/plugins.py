@@ -18,7 +18,10 @@ Differences from the kubelet, each tested:
   kubelet clears the whole driver, notifies nobody: #140818);
 - ``UNIMPLEMENTED`` stops the endpoint's task until it re-registers (#141855);
 - a deadline task wakes at the earliest lease deadline and expires leases
-  then, so pods see ``Unknown`` on time (#140819).
+  then, so pods see ``Unknown`` on time (#140819);
+- more than :data:`MAX_ENDPOINTS_PER_DRIVER` streaming endpoints of one
+  driver stop the *oldest* one's stream (the kubelet has no bound; no real
+  node comes near it).
 
 Observability is plain state (``endpoints``, ``drivers``, ``refused``,
 ``lease_expiries``) that the metrics module reads at scrape time.
@@ -46,9 +49,18 @@ OnChange = Callable[[list[models.DeviceKey]], Awaitable[None]]
 _EPSILON = 0.001  # leases expire strictly after their deadline
 STOP_TIMEOUT = 3.0
 """Seconds to wait for a cancelled stream task before giving up on it."""
-MAX_ENDPOINTS_PER_DRIVER = 4
-"""Concurrent health streams per driver: a rolling upgrade needs two, a
-registry full of one driver's sockets must not open one stream each."""
+MAX_ENDPOINTS_PER_DRIVER = 64
+"""Health streams per driver; over it the oldest endpoint's stream stops.
+
+The kubelet streams from every registered endpoint (``add`` in
+``dra_plugin_manager.go`` has no bound, on every line from 1.34 to 1.38), and so
+do we up to this many. A rolling upgrade needs two, and a kubelet restart
+re-registers every running driver pod at once, so 64 is far above a real node.
+It bounds what a driver that keeps serving stale registration sockets (old
+pods that never exit, a bug) costs: one task and one gRPC channel per stream.
+The root-owned registry makes that a driver bug, not an attack. Over the bound
+the *oldest* stream stops, never the newest: the newest endpoint is the one the
+kubelet prefers and the one an upgrade moves to."""
 
 
 @dataclasses.dataclass
@@ -65,6 +77,11 @@ class _Endpoint:
     plugin: registration.PluginInfo
     status: EndpointStatus | None = None  # None: no health service advertised
     task: asyncio.Task[None] | None = None
+    stopped: bool = False  # the stream was stopped and its devices ended
+
+    @property
+    def streaming(self) -> bool:
+        return self.task is not None and not self.task.done() and not self.stopped
 
 
 class PluginManager:
@@ -99,7 +116,8 @@ class PluginManager:
         ``empty_name``, ``name_too_long``, ``duplicate``, ``unknown_health``,
         ``negative_timeout``, ``message_truncated`` (per device) and
         ``too_many_devices``, ``too_large`` (per report), ``too_many_endpoints``
-        (per registration over :data:`MAX_ENDPOINTS_PER_DRIVER`)."""
+        (per stream stopped because a driver had more than
+        :data:`MAX_ENDPOINTS_PER_DRIVER` streaming endpoints)."""
         self.lease_expiries = 0
         """Devices turned ``Unknown`` by the deadline task."""
 
@@ -145,18 +163,8 @@ class PluginManager:
                 plugin.socket or "static registration",
             )
             return
-        if sum(e.plugin.driver == plugin.driver for e in self._endpoints.values()) >= (
-            MAX_ENDPOINTS_PER_DRIVER
-        ):
-            self.refused[plugin.driver, "too_many_endpoints"] += 1
-            logger.error(
-                "driver %s already has %d endpoints; ignoring %s until one goes away",
-                plugin.driver,
-                MAX_ENDPOINTS_PER_DRIVER,
-                plugin.endpoint,
-            )
-            return
         self._add(plugin)
+        await self._bound_streams(plugin.driver)
 
     @property
     def endpoints(self) -> dict[str, EndpointStatus]:
@@ -179,8 +187,36 @@ class PluginManager:
             self._consume(plugin, entry.status), name=f"health {plugin.endpoint}"
         )
 
+    async def _bound_streams(self, driver: str) -> None:
+        """Stop the oldest streams of ``driver`` beyond :data:`MAX_ENDPOINTS_PER_DRIVER`.
+
+        The endpoint stays registered (its deregistration is still expected, and a
+        second registration of it is still refused); its devices end as at a
+        deregistration. Endpoints are kept in registration order, oldest first.
+        """
+        streaming = [
+            e for e in self._endpoints.values() if e.plugin.driver == driver and e.streaming
+        ]
+        for entry in streaming[: max(0, len(streaming) - MAX_ENDPOINTS_PER_DRIVER)]:
+            self.refused[driver, "too_many_endpoints"] += 1
+            logger.error(
+                "driver %s has more than %d endpoints with a health stream; stopping the "
+                "stream of the oldest, %s (counted in refused as too_many_endpoints)",
+                driver,
+                MAX_ENDPOINTS_PER_DRIVER,
+                entry.plugin.endpoint,
+            )
+            await self._stop_stream(entry)
+
     async def _remove(self, endpoint: str) -> None:
-        entry = self._endpoints.pop(endpoint)
+        await self._stop_stream(self._endpoints.pop(endpoint))
+
+    async def _stop_stream(self, entry: _Endpoint) -> None:
+        """Cancel the endpoint's stream and end its devices (once)."""
+        if entry.stopped:
+            return
+        entry.stopped = True
+        endpoint = entry.plugin.endpoint
         if entry.task is not None:
             entry.task.cancel()
             # Bounded: a stream stuck in gRPC's channel teardown must not hold
@@ -192,6 +228,8 @@ class PluginManager:
                     entry.plugin.driver, endpoint, STOP_TIMEOUT,
                 )  # fmt: skip
         if entry.status is not None:
+            # Set here too: a task cancelled before it ever ran never set it.
+            entry.status.state = StreamState.STOPPED
             await self._apply(entry.status, _streams.Ended(_streams.Outcome.STOPPED))
 
     async def _consume(self, plugin: registration.PluginInfo, status: EndpointStatus) -> None:

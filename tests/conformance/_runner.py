@@ -445,6 +445,12 @@ class Run:
         self.ours.unprepare(pod)
         await self._settle()
 
+    async def _do_pause_updates(self, args: sc.PauseUpdates) -> None:
+        # Only the twin: our pipeline marks pods dirty and never drops one.
+        reply = await self.twin.pause_updates()
+        if not reply.get("ok"):
+            raise _twinlike.TwinCrashed(f"pause_updates failed: {reply.get('error')}")
+
     async def _do_wait(self, args: sc.Wait) -> None:
         self.nominal += args.seconds
         await asyncio.sleep(args.seconds)

@@ -276,6 +276,11 @@ class PodRef(_Step):
     pod: str
 
 
+class PauseUpdates(_Step):
+    """The kubelet's sync loop is busy until the next sync point: nobody reads the
+    manager's notification channel (100 slots; the kubelet drops what does not fit)."""
+
+
 STEP_KINDS: dict[str, type[_Step]] = {
     "report": Report,
     "silence": EndpointRef,
@@ -292,6 +297,7 @@ STEP_KINDS: dict[str, type[_Step]] = {
     "unprepare": PodRef,
     "sync": Sync,
     "wait": Wait,
+    "pause_updates": PauseUpdates,
 }
 _SHORTHAND = {"sync": "name", "wait": "seconds", "prepare": "pod", "unprepare": "pod"}
 

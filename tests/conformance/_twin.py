@@ -323,6 +323,10 @@ class Twin:
             request["settleMs"] = settle_ms
         return self.call(request)
 
+    def pause_updates(self) -> dict[str, Any]:
+        """Stop reading ``Updates()`` until the next ``sync`` (a busy kubelet sync loop)."""
+        return self.call({"op": "pause_updates"})
+
     def state(self) -> dict[str, Any]:
         """The ``dra_health_state`` checkpoint: ``state`` (parsed or None) and ``raw``."""
         return self.call({"op": "state"})

@@ -37,6 +37,8 @@ class TwinLike(Protocol):
 
     async def sync(self, pods: Sequence[Mapping[str, Any]]) -> Reply: ...
 
+    async def pause_updates(self) -> Reply: ...
+
     async def state(self) -> Reply: ...
 
     async def stop(self) -> Reply: ...
@@ -138,6 +140,9 @@ class ProcessTwin:
 
     async def state(self) -> Reply:
         return await self.call("state")
+
+    async def pause_updates(self) -> Reply:
+        return await self.call("pause_updates")
 
     async def stop(self) -> Reply:
         try:

@@ -195,6 +195,7 @@ async def test_report_flood_from_another_process_keeps_memory_bounded(
 async def test_concurrent_streams_per_driver_are_bounded(sockdir: pathlib.Path) -> None:
     registry = sockdir / "reg"
     cache = healthinfo.HealthCache()
+    bound, extra = plugins.MAX_ENDPOINTS_PER_DRIVER, 16
     async with (
         FakeDriver(registry=registry) as drv,
         plugins.PluginManager(
@@ -203,16 +204,18 @@ async def test_concurrent_streams_per_driver_are_bounded(sockdir: pathlib.Path) 
     ):
         aliases = sockdir / "aliases"
         aliases.mkdir()
-        for i in range(20):  # twenty endpoint paths, one driver
+        for i in range(bound + extra):  # endpoint paths of one driver
             alias = aliases / f"e{i}.sock"
             alias.symlink_to(drv.dra_socket)
             info = registration.make_plugin_info(drv.name, str(alias), drv.supported_versions)
             await mgr.handle(registration.PluginEvent(registration.EventKind.REGISTER, info))
         await drv.set_health({"pool": "p", "device": "d", "health": "Healthy"})
-        await drv.wait_for_streams(plugins.MAX_ENDPOINTS_PER_DRIVER)
-        assert len(mgr.endpoints) == plugins.MAX_ENDPOINTS_PER_DRIVER
-        assert mgr.refused[drv.name, "too_many_endpoints"] == 20 - plugins.MAX_ENDPOINTS_PER_DRIVER
-        assert drv.open_streams == plugins.MAX_ENDPOINTS_PER_DRIVER
+        await drv.wait_for_streams(bound)
+        await eventually(lambda: drv.open_streams == bound)
+        stopped = [p for p, s in mgr.endpoints.items() if s.state == plugins.StreamState.STOPPED]
+        # The oldest streams stopped, the newest kept theirs.
+        assert stopped == [str(aliases / f"e{i}.sock") for i in range(extra)]
+        assert mgr.refused[drv.name, "too_many_endpoints"] == extra
 
 
 def _key(driver: str) -> models.DeviceKey:

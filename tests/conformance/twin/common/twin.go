@@ -81,6 +81,11 @@ type Twin struct {
 	updates   [][]string
 	lastRecv  time.Time
 	drained   chan struct{}
+	// pause and resume hand the drain goroutine over to a busy sync loop (pause_updates)
+	// and back (the next sync); paused is only touched by the command loop.
+	pause  chan struct{}
+	resume chan struct{}
+	paused bool
 }
 
 type request struct {
@@ -181,6 +186,8 @@ func (t *Twin) handle(raw []byte) (stop bool) {
 		rep, err = t.state()
 	case "wait_state":
 		rep, err = t.waitState(req)
+	case "pause_updates":
+		rep, err = t.pauseUpdates()
 	case "stop":
 		stopped := t.shutdown()
 		t.send(reply{"ok": true, "stopped": stopped})
@@ -259,12 +266,14 @@ func (t *Twin) start(req request) (reply, error) {
 	}
 	t.manager, t.stateDir, t.gates = m, req.StateDir, gates
 	t.drained = make(chan struct{})
+	t.pause, t.resume = make(chan struct{}), make(chan struct{})
 	go t.drain()
 	return reply{"version": t.version, "gates": gates}, nil
 }
 
-// drain reads Updates() the way the kubelet's sync loop does, so the manager's buffered
-// channel (100 entries, drop when full) never fills because of us.
+// drain reads Updates() the way an idle kubelet sync loop does, so the manager's buffered
+// channel (100 entries, drop when full) never fills because of us; after pause_updates it
+// reads nothing until the next sync (a sync loop busy elsewhere).
 func (t *Twin) drain() {
 	defer close(t.drained)
 	ch := t.manager.Updates()
@@ -274,8 +283,27 @@ func (t *Twin) drain() {
 			return
 		case u := <-ch:
 			t.record(u.PodUIDs)
+		case <-t.pause:
+			select {
+			case <-t.ctx.Done():
+				return
+			case <-t.resume:
+			}
 		}
 	}
+}
+
+// pauseUpdates stops the drain goroutine until the next sync. The hand-over is an
+// unbuffered send, so once this returns nothing reads Updates() but the next sync.
+func (t *Twin) pauseUpdates() (reply, error) {
+	if err := t.needStarted(); err != nil {
+		return nil, err
+	}
+	if !t.paused {
+		t.pause <- struct{}{}
+		t.paused = true
+	}
+	return reply{"paused": true}, nil
 }
 
 func (t *Twin) record(uids []string) {
@@ -432,6 +460,11 @@ func (t *Twin) sync(req request) (reply, error) {
 		default:
 			more = false
 		}
+	}
+	if t.paused {
+		// The busy sync loop comes back: it reads what is buffered (above), then drains again.
+		t.resume <- struct{}{}
+		t.paused = false
 	}
 	t.mu.Lock()
 	announced := make([]string, 0, len(t.announced))
