@@ -187,6 +187,8 @@ class DRAHealthManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.writer is not None:
+            await self.writer.aclose()  # a drain may have opened connections after the writer
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
         await self.plugins.close()

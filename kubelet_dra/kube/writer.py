@@ -200,6 +200,11 @@ class StatusWriter:
             if self._flushing is not None:
                 self._flushing.cancel()
                 await asyncio.gather(self._flushing, return_exceptions=True)
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the status PATCH's idle connections (writing again opens new ones)."""
+        await self._api.aclose()
 
     async def _run(self) -> None:
         while True:
@@ -232,7 +237,10 @@ class StatusWriter:
         self.stats.rounds += 1
         due = self._pods.take_due(self._clock.now())
         self._refresh_stats()
-        await asyncio.gather(*(self._guarded_sync(uid) for uid in due))
+        if len(due) == 1:
+            await self._guarded_sync(due[0])  # the usual single change: no task to schedule
+        else:
+            await asyncio.gather(*(self._guarded_sync(uid) for uid in due))
         self._pods.expire_records(self._clock.now())
         self._refresh_stats()
 
@@ -342,8 +350,9 @@ class StatusWriter:
     ) -> dict[str, Any]:
         started = time.perf_counter()
         state.last_write = self._clock.now()
+        # Sent from the event loop (kube.asyncpatch): no hop into a worker thread.
         answer = await self._calls.call(
-            self._api.json_patch_pod_status, podjson.namespace(pod), podjson.name(pod), ops
+            self._api.json_patch_pod_status_async, podjson.namespace(pod), podjson.name(pod), ops
         )
         self.stats.latencies.append(time.perf_counter() - started)
         return answer
