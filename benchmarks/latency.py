@@ -11,6 +11,12 @@ device changes at a time (the next change only after the previous PATCH and a
 quiet window). The floor is one gRPC message (FakeDriver to a bare client) plus
 one raw PATCH (http.client to the same stand-in), measured in the same run.
 
+A reference row, not part of the floor, sends the writer's kind of PATCH raw
+(http.client, same connection handling as the floor): a JSON patch with its
+``test`` operations setting one container's 8 entries of a pod like the
+scenario's. It shows how much of the gap to the floor is the stand-in's own
+work on that request rather than the sidecar's (issue 15).
+
 The writer waits one coalescing window (``write_window``, default 50 ms) before
 each round, so the scenario runs with the default and with ``write_window=0``.
 """
@@ -98,6 +104,56 @@ async def _measure(api: FakeApiServer, workdir, window: float, changes: int) -> 
     return samples
 
 
+def _writer_patch_reference(api: FakeApiServer, samples: int) -> list[float]:
+    """Seconds from send to the stand-in logging it, for the writer's kind of PATCH
+    sent raw on a persistent http.client connection (as the floor's PATCH is)."""
+    import http.client
+    import json
+
+    from kubelet_dra.testing import make_claim, make_pod
+
+    devices = [c.device_name(900_000 + k) for k in range(DEVICES_PER_POD)]
+    results = [(c.DRIVER, c.POOL, d, "gpu") for d in devices]
+    api.create_claim(make_claim("ref-claim", namespace="floor", results=results, node="node-floor"))
+    pod = api.create_pod(make_pod("ref-pod", "node-floor", namespace="floor", claims=["ref-claim"]))
+    uid, ref = pod["metadata"]["uid"], pod["spec"]["resourceClaims"][0]["name"]
+    host, port = api.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port))
+    headers = {
+        "Content-Type": "application/json-patch+json",
+        "Authorization": f"Bearer {api.token}",
+        "Accept": "application/json",
+    }
+    path = "/api/v1/namespaces/floor/pods/ref-pod/status?fieldManager=bench"
+    found: list[float] = []
+    try:
+        for k in range(samples):
+            resources = [
+                {"resourceID": f"{c.DRIVER}/{c.POOL}/{d}",
+                 "health": "Unhealthy" if i == k % DEVICES_PER_POD else "Healthy"}
+                for i, d in enumerate(devices)
+            ]  # fmt: skip
+            ops = [
+                {"op": "test", "path": "/metadata/uid", "value": uid},
+                {"op": "test", "path": "/status/containerStatuses/0/name", "value": "main"},
+                {"op": "add", "path": "/status/containerStatuses/0/allocatedResourcesStatus",
+                 "value": [{"name": f"claim:{ref}", "resources": resources}]},
+            ]  # fmt: skip
+            api.reset_log()
+            sent = time.time()
+            conn.request("PATCH", path, json.dumps(ops), headers)
+            response = conn.getresponse()
+            response.read()
+            if response.status != 200:
+                raise c.CheckFailed(f"reference PATCH answered {response.status}")
+            [record] = [r for r in api.requests if r.path.endswith("ref-pod/status")]
+            found.append(record.timestamp - sent)
+    finally:
+        conn.close()
+        api.reset_log()
+    return found
+
+
 async def run(config: Config) -> c.Outcome:
     out = c.Outcome(NAME)
     with c.short_tmpdir() as workdir, c.api_server() as api:
@@ -105,11 +161,20 @@ async def run(config: Config) -> c.Outcome:
         grpc_s = c.Spread.of(await c.grpc_floor(workdir, config.floor_samples))
         patch_s = c.Spread.of(c.patch_floor(api, config.floor_samples))
         floor = grpc_s.median + patch_s.median
+        ours_s = c.Spread.of(_writer_patch_reference(api, config.floor_samples))
         results = {w: await _measure(api, workdir, w, config.changes) for w in config.windows}
     ms = 1000.0
     rows = [
         ("floor: one gRPC message", c.num(grpc_s.median * ms), "", "", c.num(grpc_s.high * ms), ""),
         ("floor: one raw PATCH", c.num(patch_s.median * ms), "", "", c.num(patch_s.high * ms), ""),
+        (
+            "reference: the writer's JSON patch, raw",
+            c.num(ours_s.median * ms),
+            "",
+            "",
+            c.num(ours_s.high * ms),
+            f"{(grpc_s.median + ours_s.median) / floor:.1f} x (+ gRPC)",
+        ),
     ]
     for window, samples in results.items():
         p50, p90, p99 = (c.percentile(samples, q) for q in (50, 90, 99))

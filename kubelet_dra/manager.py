@@ -305,12 +305,13 @@ class DRAHealthManager:
         if self._closing or not changed:
             return
         pods = self.index.pods_for_devices(changed)
-        logger.debug(
-            "health changed for %d devices (%s); %d pods to update",
-            len(changed),
-            ", ".join(str(key) for key in changed[:5]) + (", ..." if len(changed) > 5 else ""),
-            len(pods),
-        )
+        if logger.isEnabledFor(logging.DEBUG):  # the device list is formatted eagerly
+            logger.debug(
+                "health changed for %d devices (%s); %d pods to update",
+                len(changed),
+                ", ".join(str(key) for key in changed[:5]) + (", ..." if len(changed) > 5 else ""),
+                len(pods),
+            )
         if self.writer is not None:
             self.writer.mark_dirty(pods)
         if self.taints is not None:
