@@ -1,6 +1,7 @@
 """Blocking calls to the Kubernetes API on plain JSON, errors translated.
 
-Part of ``kube``: the only other module importing ``kubernetes``.
+Part of ``kube``: with ``kube.asyncpatch`` (which reads the same client's
+``Configuration``) the only other module importing ``kubernetes``.
 Every call asks the official client for the raw response
 (``_preload_content=False``) and decodes the JSON itself, so no ``V1Pod``
 ever exists and fields the client's models do not know (a newer API's
