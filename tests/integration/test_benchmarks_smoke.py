@@ -14,8 +14,10 @@ import pytest
 
 from benchmarks import _common
 
+SCENARIOS = ["ingest", "latency", "persistence", "restart", "kubectl"]
 
-@pytest.mark.parametrize("name", ["ingest", "latency", "persistence", "restart", "kubectl"], ids=str)
+
+@pytest.mark.parametrize("name", SCENARIOS, ids=str)
 async def test_benchmark_scenario_runs_and_ends_in_the_exact_state(name: str) -> None:
     module = importlib.import_module(f"benchmarks.{name}")
     outcome: _common.Outcome = await module.run(module.SMOKE)
