@@ -183,6 +183,61 @@ def _writer_patch_reference(api: FakeApiServer, samples: int) -> list[float]:
     return found
 
 
+def _relay_bodies(api: FakeApiServer, name: str) -> list[str]:
+    """Two PATCH bodies of the writer's full form and size (~1,900 bytes): tests of the
+    UID, the container and the entries it replaces, the entries, and the pod's
+    DeviceHealthy condition tested and replaced. The relay sends them alternately; each
+    one's ``test`` holds after the other, and the pod is set up so the first one's does."""
+    import http.client
+    import json
+
+    uid, ref, devices = _floor_pod(api, name, 910_000)
+    at = len(api.get_pod("floor", name)["status"].get("conditions") or [])
+    container = "/status/containerStatuses/0"
+    ars = f"{container}/allocatedResourcesStatus"
+
+    def entries(unhealthy: int) -> list[object]:
+        return _writer_ops(uid, ref, devices, unhealthy)[2]["value"]  # type: ignore[return-value]
+
+    def condition(unhealthy: int) -> dict[str, str]:
+        return {
+            "type": "DeviceHealthy", "status": "False", "reason": "DeviceUnhealthy",
+            "message": f"Unhealthy devices: {c.DRIVER}/{c.POOL}/{devices[unhealthy]} "
+                       f"(claim {name}-claim)",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }  # fmt: skip
+
+    def body(now: int, before: int) -> str:
+        return json.dumps([
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "test", "path": f"{container}/name", "value": "main"},
+            {"op": "test", "path": ars, "value": entries(before)},
+            {"op": "add", "path": ars, "value": entries(now)},
+            {"op": "test", "path": f"/status/conditions/{at}/type", "value": "DeviceHealthy"},
+            {"op": "replace", "path": f"/status/conditions/{at}", "value": condition(now)},
+        ])  # fmt: skip
+
+    set_up = [
+        {"op": "add", "path": ars, "value": entries(1)},
+        {"op": "add", "path": "/status/conditions/-", "value": condition(1)},
+    ]
+    host, port = api.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port))
+    try:
+        conn.request(
+            "PATCH",
+            f"/api/v1/namespaces/floor/pods/{name}/status",
+            json.dumps(set_up),
+            {"Content-Type": "application/json-patch+json", "Authorization": f"Bearer {api.token}"},
+        )
+        response = conn.getresponse()
+        if response.status != 200:
+            raise c.CheckFailed(f"relay pod set-up answered {response.status}: {response.read()!r}")
+    finally:
+        conn.close()
+    return [body(0, 1), body(1, 0)]
+
+
 async def _relay_floor(  # type: ignore[no-untyped-def]
     api: FakeApiServer, workdir, samples: int, pause: float, name: str = "relay-pod"
 ) -> list[float]:
@@ -192,10 +247,9 @@ async def _relay_floor(  # type: ignore[no-untyped-def]
     import json
     import sys
 
-    uid, ref, devices = _floor_pod(api, name, 910_000)
     workdir.mkdir(parents=True, exist_ok=True)
     bodies = workdir / "bodies.json"
-    bodies.write_text(json.dumps([json.dumps(_writer_ops(uid, ref, devices, k)) for k in (0, 1)]))
+    bodies.write_text(json.dumps(_relay_bodies(api, name)))
     path = f"/api/v1/namespaces/floor/pods/{name}/status?fieldManager=bench"
     total = PODS * DEVICES_PER_POD
     found: list[float] = []
@@ -217,12 +271,17 @@ async def _relay_floor(  # type: ignore[no-untyped-def]
 
             def arrived() -> float | None:
                 mine = [r for r in api.requests if r.path.endswith(f"{name}/status")]
+                if mine and mine[-1].status != 200:
+                    raise c.CheckFailed(f"relay's PATCH answered {mine[-1].status}")
                 return mine[-1].timestamp if mine else None
 
+            def done() -> bool:
+                if proc.returncode is not None:
+                    raise c.CheckFailed(f"relay exited with {proc.returncode}")
+                return arrived() is not None
+
             # The first report (every device) is sent when the stream opens: wait for its PATCH.
-            await c.wait_until(
-                lambda: arrived() is not None, timeout=30, what="relay's first PATCH"
-            )
+            await c.wait_until(done, timeout=30, what="relay's first PATCH")
             rng = random.Random(11)
             for _ in range(samples):
                 await asyncio.sleep(pause)
@@ -230,10 +289,8 @@ async def _relay_floor(  # type: ignore[no-untyped-def]
                 device = rng.randrange(total)
                 sent = time.time()
                 await drv.set_health(_device(device, rng.choice(("Healthy", "Unhealthy"))))
-                await c.wait_until(lambda: arrived() is not None, timeout=10, what="relay's PATCH")
+                await c.wait_until(done, timeout=10, what="relay's PATCH")
                 found.append(float(arrived() or 0.0) - sent)
-                if proc.returncode is not None:
-                    raise c.CheckFailed(f"relay exited with {proc.returncode}")
         finally:
             if proc.returncode is None:
                 proc.terminate()
