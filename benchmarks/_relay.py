@@ -3,7 +3,8 @@
 ``python -m benchmarks._relay`` opens the health stream to a driver's socket
 (``grpc.aio``, as the sidecar does) and, for every report it receives, sends one
 pre-built status PATCH over a kept-alive ``http.client`` connection to the API
-stand-in, alternating between the bodies it was given. No cache, no claims, no
+stand-in, alternating between the bodies it was given (the benchmark gives two of
+the writer's full form and size, each valid after the other). No cache, no claims, no
 status computation: what is left is the path the sidecar's reports travel
 (driver process → this process → API stand-in process), with the same two
 process crossings, the same gRPC stack and a request of the writer's size.

@@ -13,7 +13,8 @@ quiet window).
 The floors, measured in the same run. The targets are judged against the
 same-topology floor: the driver's report goes to a bare relay process
 (``benchmarks._relay``, started as the sidecar is), which sends one pre-built
-PATCH of the writer's size on a kept-alive connection to the same stand-in, so
+PATCH of the writer's full form and size (its ``test`` operations, the 8 entries,
+the DeviceHealthy condition) on a kept-alive connection to the same stand-in, so
 it crosses the same two process boundaries as the pipeline and does none of its
 work. It is measured before each window, with that window's pacing (changes
 ``window`` + 10 ms apart): on a busy machine a process idle for 60 ms wakes more
