@@ -187,6 +187,8 @@ class DRAHealthManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.writer is not None:
+            await self.writer.aclose()  # a drain may have opened connections after the writer
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
         await self.plugins.close()
@@ -303,12 +305,13 @@ class DRAHealthManager:
         if self._closing or not changed:
             return
         pods = self.index.pods_for_devices(changed)
-        logger.debug(
-            "health changed for %d devices (%s); %d pods to update",
-            len(changed),
-            ", ".join(str(key) for key in changed[:5]) + (", ..." if len(changed) > 5 else ""),
-            len(pods),
-        )
+        if logger.isEnabledFor(logging.DEBUG):  # the device list is formatted eagerly
+            logger.debug(
+                "health changed for %d devices (%s); %d pods to update",
+                len(changed),
+                ", ".join(str(key) for key in changed[:5]) + (", ..." if len(changed) > 5 else ""),
+                len(pods),
+            )
         if self.writer is not None:
             self.writer.mark_dirty(pods)
         if self.taints is not None:

@@ -52,7 +52,6 @@ container and for the condition; the writer's patch planning
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime
 import logging
@@ -120,10 +119,11 @@ def resource_health(
     with_message: bool = True,
 ) -> dict[str, Any]:
     """The kubelet's ``buildResourceHealth``: one ``ResourceHealth`` dict."""
-    entry: dict[str, Any] = {
-        "resourceID": device.resource_id,
-        "health": str(to_resource_health_status(str(health))),
-    }
+    if isinstance(health, models.HealthStatus):
+        value = health.value  # already one of the API's values
+    else:
+        value = to_resource_health_status(str(health)).value
+    entry: dict[str, Any] = {"resourceID": device.resource_id, "health": value}
     if with_message and message:
         entry["message"] = message
     return entry
@@ -262,9 +262,9 @@ def merged_entries(
         for e in before
         if (managed[e["name"]] if e.get("name") in managed else e.get("resources"))
     ]
-    merged = [copy.deepcopy(managed.get(e.get("name", "")) or e) for e in kept]
+    merged = [_copy_json(managed.get(e.get("name", "")) or e) for e in kept]
     present = {e.get("name") for e in merged}
-    merged += [copy.deepcopy(e) for n, e in managed.items() if e and n not in present]
+    merged += [_copy_json(e) for n, e in managed.items() if e and n not in present]
     # Only content counts as a change (an API list of listType=map has no
     # order); what we send is in the kubelet v1.38 order.
     return None if normalized(merged) == normalized(before) else sort_entries(merged)
@@ -353,6 +353,16 @@ class _Viewer:
         if key not in self._seen:
             self._seen[key] = self._health_of(key).visible(self._now)
         return self._seen[key]
+
+
+def _copy_json(value: Any) -> Any:
+    """A deep copy of decoded JSON (dicts, lists, scalars): ``copy.deepcopy``
+    without its memo, several times faster on the entries a write copies."""
+    if isinstance(value, dict):
+        return {k: _copy_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_json(v) for v in value]
+    return value
 
 
 def _resource_status(

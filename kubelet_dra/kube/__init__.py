@@ -1,7 +1,8 @@
 """The Kubernetes side: the node's pods and their claims in, pod status and Events out.
 
 The only package that talks to the API; nothing else imports ``kubernetes``.
-Its modules: ``api`` (the calls, on plain JSON), ``pods`` (:class:`NodePods`),
+Its modules: ``api`` (the calls, on plain JSON), ``asyncpatch`` (the status
+PATCH's HTTP/1.1 client on the event loop), ``pods`` (:class:`NodePods`),
 ``writer`` (:class:`StatusWriter`) with its parts ``patchplan`` (the JSON
 patch, planned purely), ``podstate`` (per-pod state, one object per pod),
 ``calls`` (rate limit and retries), ``gates`` (what the server keeps of our

@@ -1,6 +1,7 @@
 """Blocking calls to the Kubernetes API on plain JSON, errors translated.
 
-Part of ``kube``: the only other module importing ``kubernetes``.
+Part of ``kube``: with ``kube.asyncpatch`` (which reads the same client's
+``Configuration``) the only other module importing ``kubernetes``.
 Every call asks the official client for the raw response
 (``_preload_content=False``) and decodes the JSON itself, so no ``V1Pod``
 ever exists and fields the client's models do not know (a newer API's
@@ -10,11 +11,14 @@ Client exceptions become :class:`CallError` (an ``errors.ApiError`` with the
 HTTP status, ``None`` for a lost connection, and ``Retry-After`` when the
 server sent one); a 404 on a pod becomes ``errors.PodGone``. Which failures
 are worth retrying is said once, by :func:`is_transient`. The callers in
-``kube.pods`` and ``kube.writer`` run these through ``asyncio.to_thread``.
+``kube.pods`` and ``kube.writer`` run these through ``asyncio.to_thread``,
+except the pod status PATCH, which :meth:`Api.json_patch_pod_status_async`
+sends from the event loop (``kube.asyncpatch``) with the same errors.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -31,6 +35,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from kubelet_dra import errors
+from kubelet_dra.kube import asyncpatch
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +141,12 @@ class Api:
     hook are still the client's.
     """
 
-    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+    def __init__(self, client: kubernetes.client.ApiClient, *, async_patch: bool = True) -> None:
         self.client = client
         self.calls = 0  # every request sent, watches included (the node-load test reads it)
+        # The status PATCH's transport on the event loop; made at its first use
+        # (``False``: not possible with this configuration, or switched off).
+        self._transport: asyncpatch.Transport | bool | None = None if async_patch else False
 
     # -- pods ----------------------------------------------------------------
 
@@ -185,6 +193,46 @@ class Api:
             ),
             pod=True,
         )  # fmt: skip
+
+    async def json_patch_pod_status_async(
+        self, namespace: str, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """:meth:`json_patch_pod_status` sent from the event loop, same answers and errors.
+
+        Falls back to the official client in a worker thread when the
+        configuration needs it (a proxy, socket options).
+        """
+        transport = self._async_transport()
+        if transport is None:
+            return await asyncio.to_thread(self.json_patch_pod_status, namespace, name, ops)
+        what = f"patch status of pod {namespace}/{name}"
+        self.calls += 1
+        body = json.dumps(ops).encode()  # json.dumps' defaults, as the official client's
+        try:
+            answer = await transport.request(
+                "PATCH", _path("api/v1", namespace, "pods", name, "status"), _PATCH_QUERY,
+                body, JSON_PATCH,
+            )  # fmt: skip
+        except asyncpatch.TransportError as exc:
+            raise CallError(f"{what}: connection lost ({exc})") from exc
+        if not 200 <= answer.status <= 299:
+            raise _error(what, answer.status, answer.reason, answer.body, answer.headers, pod=True)
+        try:
+            data: dict[str, Any] = json.loads(answer.body or b"{}")
+        except ValueError as exc:
+            raise CallError(f"{what}: connection lost ({exc})") from exc
+        return data
+
+    async def aclose(self) -> None:
+        """Close the event loop transport's idle connections (a later call opens new ones)."""
+        if isinstance(self._transport, asyncpatch.Transport):
+            await self._transport.aclose()
+
+    def _async_transport(self) -> asyncpatch.Transport | None:
+        if self._transport is None:
+            made = asyncpatch.Transport.from_client(self.client, timeout=_TIMEOUT)
+            self._transport = made if made is not None else False
+        return self._transport if isinstance(self._transport, asyncpatch.Transport) else None
 
     # -- claims --------------------------------------------------------------
 
@@ -284,6 +332,9 @@ def _path(prefix: str, namespace: str, resource: str, *rest: str) -> str:
     return f"/{prefix}/namespaces/" + "/".join(urllib.parse.quote(p, safe="") for p in parts)
 
 
+_PATCH_QUERY = urllib.parse.urlencode([("fieldManager", FIELD_MANAGER)])
+
+
 def _node_selector(node: str) -> tuple[str, str]:
     return ("fieldSelector", f"spec.nodeName={node}")
 
@@ -323,23 +374,36 @@ def _event(what: str, line: bytes) -> dict[str, Any]:
 
 def _translate(what: str, exc: ApiException, *, pod: bool = False) -> errors.ApiError:
     status = int(exc.status) if exc.status else None
-    message = f"{what}: HTTP {status} {_reason(exc)}"
+    return _error(what, status, exc.reason, exc.body, exc.headers, pod=pod)
+
+
+def _error(
+    what: str,
+    status: int | None,
+    reason: object,
+    body: str | bytes | None,
+    headers: Any,
+    *,
+    pod: bool = False,
+) -> errors.ApiError:
+    """The error for a non-2xx answer, whichever transport brought it."""
+    message = f"{what}: HTTP {status} {_reason(reason, body)}"
     if pod and status == 404:
         return errors.PodGone(message, status=404)
     if status == 410:
         return Gone(message, status=410)
-    return CallError(message, status=status, retry_after=_retry_after(exc))
+    return CallError(message, status=status, retry_after=_retry_after(headers))
 
 
-def _reason(exc: ApiException) -> str:
+def _reason(reason: object, body: str | bytes | None) -> str:
     try:
-        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+        return str(json.loads(body or "{}").get("message") or reason)
     except (ValueError, AttributeError):
-        return str(exc.reason)
+        return str(reason)
 
 
-def _retry_after(exc: ApiException) -> float | None:
-    headers = exc.headers or {}
+def _retry_after(headers: Any) -> float | None:
+    headers = headers or {}
     value = headers.get("Retry-After") or headers.get("retry-after")
     try:
         return float(value) if value is not None else None

@@ -50,6 +50,7 @@ class Harness:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.writer.aclose()  # also when never started: a round() opens connections
         self.client.close()
 
     def report(self, device: str, health: H, message: str = "", *, pool: str = "pool") -> None:

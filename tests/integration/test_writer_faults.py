@@ -147,6 +147,7 @@ async def test_pod_replaced_under_the_same_name_mid_write_is_dropped_not_retried
                 c["type"] == t.config.pod_condition_type for c in fresh["status"]["conditions"]
             )  # the new pod was not written with the old one's health
         finally:
+            await t.writer.aclose()  # the status PATCH's connections (kube.asyncpatch)
             t.client.close()
 
 
@@ -198,6 +199,7 @@ async def test_transient_failures_of_one_pod_back_off_exponentially_with_a_cap()
             await writer.round()
             assert backoff() <= 1.2  # a success resets the streak
         finally:
+            await writer.aclose()
             client.close()
 
 

@@ -1,0 +1,311 @@
+"""The status PATCH sent from the event loop (kube.asyncpatch) against real sockets.
+
+Two servers: the FakeApiServer through ``kube.Api`` (the same answers and
+errors as the official client's path, with its faults), and a scripted
+asyncio server for what the stand-in never does (chunked bodies,
+``Connection: close``, closing an idle keep-alive connection, a 401 after a
+token rotation, no answer at all). TLS against a real kube-apiserver is the
+interop suite's (``tests/interop/test_interop_sidecar.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from kubelet_dra import errors
+from kubelet_dra.kube import api as kube_api
+from kubelet_dra.kube import asyncpatch
+from kubelet_dra.testing import fakeapi
+
+STATUS = r"/pods/p1/status$"
+
+
+def _ops(pod: dict[str, Any], value: str) -> list[dict[str, Any]]:
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": pod["metadata"]["uid"]},
+        {"op": "add", "path": "/status/message", "value": value},
+    ]
+
+
+@contextlib.asynccontextmanager
+async def _api(server: fakeapi.FakeApiServer) -> AsyncIterator[kube_api.Api]:
+    client = server.api_client()
+    api = kube_api.Api(client)
+    try:
+        yield api
+    finally:
+        await api.aclose()
+        client.close()
+
+
+# -- against the API stand-in: the same answers and errors as the urllib3 path --------
+
+
+async def test_patch_answers_as_the_official_client_does() -> None:
+    with fakeapi.FakeApiServer() as server:
+        pod = server.create_pod(fakeapi.make_pod("p1", "node-1"))
+        async with _api(server) as api:
+            fast = await api.json_patch_pod_status_async("default", "p1", _ops(pod, "a"))
+            slow = await asyncio.to_thread(
+                api.json_patch_pod_status, "default", "p1", _ops(pod, "b")
+            )
+            assert fast["status"]["message"] == "a"
+            assert slow["status"]["message"] == "b"
+            assert set(fast) == set(slow)
+            [first, second] = [r for r in server.requests if r.method == "PATCH"]
+            # The same request on the wire: path, query, content type and body.
+            assert (first.path, first.query, first.content_type) == (
+                second.path, second.query, second.content_type,
+            )  # fmt: skip
+            assert first.query == {"fieldManager": kube_api.FIELD_MANAGER}
+            assert first.body == _ops(pod, "a")
+            assert api.calls == 2
+
+
+@pytest.mark.parametrize(
+    ("code", "expected", "transient"),
+    [(404, errors.PodGone, False), (409, kube_api.CallError, False),
+     (422, kube_api.CallError, False), (503, kube_api.CallError, True)],
+)  # fmt: skip
+async def test_refusals_become_the_same_errors(
+    code: int, expected: type[errors.ApiError], transient: bool
+) -> None:
+    with fakeapi.FakeApiServer() as server:
+        pod = server.create_pod(fakeapi.make_pod("p1", "node-1"))
+        async with _api(server) as api:
+            caught = []
+            for send in (
+                lambda: api.json_patch_pod_status_async("default", "p1", _ops(pod, "a")),
+                lambda: asyncio.to_thread(
+                    api.json_patch_pod_status, "default", "p1", _ops(pod, "a")
+                ),
+            ):
+                server.fail("PATCH", STATUS, code=code)
+                with pytest.raises(expected) as info:
+                    await send()
+                caught.append(info.value)
+            fast, slow = caught
+            assert type(fast) is type(slow)
+            assert fast.status == slow.status == code
+            assert str(fast) == str(slow)
+            assert kube_api.is_transient(fast) is transient
+
+
+async def test_retry_after_and_lost_connections_are_kept() -> None:
+    with fakeapi.FakeApiServer() as server:
+        pod = server.create_pod(fakeapi.make_pod("p1", "node-1"))
+        async with _api(server) as api:
+            server.fail("PATCH", STATUS, code=429, retry_after=7)
+            with pytest.raises(kube_api.CallError) as info:
+                await api.json_patch_pod_status_async("default", "p1", _ops(pod, "a"))
+            assert info.value.status == 429 and info.value.retry_after == 7.0
+            # A kept-alive connection closed without an answer is tried once more on
+            # a fresh one (as an idle connection the server closed); a second loss is
+            # the caller's, a transient CallError.
+            server.drop_connection("PATCH", STATUS, times=2)
+            with pytest.raises(kube_api.CallError) as lost:
+                await api.json_patch_pod_status_async("default", "p1", _ops(pod, "a"))
+            assert lost.value.status is None and kube_api.is_transient(lost.value)
+            assert server.count("PATCH", STATUS) == 3  # 429, then the two dropped
+            await api.json_patch_pod_status_async("default", "p1", _ops(pod, "b"))  # kept alive
+            server.drop_connection("PATCH", STATUS, times=1)
+            answer = await api.json_patch_pod_status_async("default", "p1", _ops(pod, "b"))
+            assert answer["status"]["message"] == "b"  # the fresh connection's answer
+            await api.aclose()
+            server.drop_connection("PATCH", STATUS, times=1)
+            with pytest.raises(kube_api.CallError):  # a fresh connection is not tried twice
+                await api.json_patch_pod_status_async("default", "p1", _ops(pod, "c"))
+
+
+async def test_a_proxy_keeps_the_urllib3_path() -> None:
+    config = kubernetes.client.Configuration()
+    config.host = "https://10.0.0.1:6443"
+    config.proxy = "http://proxy.example:3128"
+    assert asyncpatch.endpoint_of(config) is None
+    config.no_proxy = "10.0.0.1"
+    endpoint = asyncpatch.endpoint_of(config)
+    assert endpoint is not None and (endpoint.host, endpoint.port) == ("10.0.0.1", 6443)
+
+
+def test_endpoint_keeps_the_host_path_prefix_and_tls_settings() -> None:
+    config = kubernetes.client.Configuration()
+    config.host = "https://api.example:8443/k8s/clusters/c-1/"
+    config.verify_ssl = True
+    config.tls_server_name = "kubernetes.default"
+    endpoint = asyncpatch.endpoint_of(config)
+    assert endpoint is not None and endpoint.ssl is not None
+    assert endpoint.prefix == "/k8s/clusters/c-1"
+    assert endpoint.server_hostname == "kubernetes.default"
+    assert endpoint.ssl.check_hostname
+    config.verify_ssl = False
+    insecure = asyncpatch.endpoint_of(config)
+    assert insecure is not None and insecure.ssl is not None
+    assert not insecure.ssl.check_hostname
+
+
+# -- against a scripted server: the HTTP/1.1 corners ----------------------------------
+
+Handler = Callable[[int, bytes, asyncio.StreamWriter], Awaitable[bool]]
+"""(connection number, request head, writer) -> keep the connection open."""
+
+
+class Scripted:
+    """An HTTP/1.1 server on a real socket whose answers a test writes."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.heads: list[bytes] = []
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> Scripted:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        await self._server.wait_closed()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def transport(
+        self, headers: Callable[[], dict[str, str]] | None = None
+    ) -> asyncpatch.Transport:
+        endpoint = asyncpatch.Endpoint("127.0.0.1", self.port, None, None, "")
+        make = headers or (lambda: {"Authorization": "Bearer t"})
+        return asyncpatch.Transport(endpoint, lambda *_: make(), timeout=(1.0, 0.2))
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        number = self.connections
+        self._writers.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                self.heads.append(head)
+                if not await self.handler(number, head, writer):
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+def _answer(status: str, body: bytes, *headers: str) -> bytes:
+    head = [f"HTTP/1.1 {status}", *headers, "", ""]
+    return "\r\n".join(head).encode() + body
+
+
+async def _request(transport: asyncpatch.Transport) -> asyncpatch.Answer:
+    return await transport.request("PATCH", "/api/v1/x", "a=b", b"[]", kube_api.JSON_PATCH)
+
+
+async def test_chunked_answers_on_one_keep_alive_connection() -> None:
+    async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        body = json.dumps({"n": len(scripted.heads)}).encode()
+        chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:3], body[3:]))
+        writer.write(_answer("200 OK", chunks + b"0\r\n\r\n", "Transfer-Encoding: chunked"))
+        return True
+
+    async with Scripted(handler) as scripted:
+        port = scripted.port
+        transport = scripted.transport()
+        try:
+            answers = [await _request(transport) for _ in range(3)]
+        finally:
+            await transport.aclose()
+    assert [json.loads(a.body) for a in answers] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert scripted.connections == 1
+    head = scripted.heads[0].decode()
+    assert head.startswith("PATCH /api/v1/x?a=b HTTP/1.1\r\n")
+    assert f"Host: 127.0.0.1:{port}\r\n" in head
+    assert "Authorization: Bearer t\r\n" in head and "Content-Length: 2\r\n" in head
+
+
+async def test_connection_close_and_a_closed_idle_connection_open_a_new_one() -> None:
+    async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        if number == 1:
+            writer.write(_answer("200 OK", b"{}", "Content-Length: 2", "Connection: close"))
+            return False
+        writer.write(_answer("200 OK", b"{}", "Content-Length: 2"))
+        return number != 2  # the second connection is closed after answering, silently
+
+    async with Scripted(handler) as scripted:
+        transport = scripted.transport()
+        try:
+            for _ in range(3):
+                assert (await _request(transport)).status == 200
+                await asyncio.sleep(0)  # let a close reach us, as it would while idle
+        finally:
+            await transport.aclose()
+    assert scripted.connections == 3
+
+
+async def test_a_401_asks_for_the_headers_again_once() -> None:
+    tokens = iter(["old", "new", "newer"])
+
+    async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        ok = b"Authorization: Bearer new\r\n" in head
+        status = "200 OK" if ok else "401 Unauthorized"
+        writer.write(_answer(status, b"{}", "Content-Length: 2"))
+        return True
+
+    async with Scripted(handler) as scripted:
+        transport = scripted.transport(lambda: {"Authorization": f"Bearer {next(tokens)}"})
+        try:
+            assert (await _request(transport)).status == 200
+            assert (await _request(transport)).status == 200  # the new headers are kept
+        finally:
+            await transport.aclose()
+    assert len(scripted.heads) == 3
+
+
+async def test_no_answer_is_a_transport_error_and_the_connection_is_dropped() -> None:
+    async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        if number == 1:
+            return True  # never answers
+        writer.write(_answer("204 No Content", b""))
+        return True
+
+    async with Scripted(handler) as scripted:
+        transport = scripted.transport()
+        try:
+            with pytest.raises(asyncpatch.TransportError, match="no answer"):
+                await _request(transport)
+            assert (await _request(transport)).status == 204
+        finally:
+            await transport.aclose()
+    assert scripted.connections == 2
+
+
+async def test_garbage_is_a_transport_error() -> None:
+    async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+        return True
+
+    async with Scripted(handler) as scripted:
+        transport = scripted.transport()
+        try:
+            with pytest.raises(asyncpatch.TransportError, match=r"not an HTTP/1\.1 answer"):
+                await _request(transport)
+        finally:
+            await transport.aclose()
