@@ -14,6 +14,7 @@ or the module proxy, like the interop tests.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -64,7 +65,7 @@ def go_helper(kube_apiserver_factory: Any) -> _godriver.GoHelperEnv:
         for d in s.drivers
         if d.go_helper
     }
-    binaries = {}
+    binaries: dict[str, Path] = {}
     for implementation in sorted(used):
         name = _godriver.BUILDS[implementation]
         try:
