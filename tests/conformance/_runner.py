@@ -469,6 +469,14 @@ class Run:
         twin = await self.twin.prepare(pod)
         twin_error = "" if twin.get("ok") and not twin.get("error") else str(twin.get("error"))
         ours = await self.ours.prepare(pod, self.claims)
+        if (twin_error or ours) and self.scenario.uses_go_helper():
+            # Its claims come from the kube-apiserver and it prepares every claim: a failure
+            # is a broken run (claims or answers not what the scenario says), and a failure
+            # on both sides must not pass as "same".
+            raise RuntimeError(
+                f"prepare of pod {name} failed with the Go helper driver: "
+                f"twin: {twin_error or 'prepared'}; ours: {ours or 'prepared'}"
+            )
         if bool(twin_error) != bool(ours):
             self.observed.append(
                 _compare.Observed(
