@@ -403,8 +403,11 @@ class Run:
 
     async def _do_end_stream(self, args: sc.EndStream) -> None:
         drv = self.drivers[(args.driver, args.endpoint)]
-        self.ends[(args.driver, args.endpoint)] = (self.nominal, time.time(), _stream_calls(drv))
+        calls = _stream_calls(drv)
+        # The end's time is taken once the driver ended the streams: the Go helper driver
+        # does that when it polls its control file, which a loaded machine can delay.
         await drv.end_streams(args.code)
+        self.ends[(args.driver, args.endpoint)] = (self.nominal, time.time(), calls)
         await self._after_stream_end(args.driver, args.endpoint)
 
     async def _do_unimplemented(self, args: sc.EndpointRef) -> None:
