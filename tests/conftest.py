@@ -13,6 +13,10 @@
   test uses them. Without Go (or without the module proxy) the tool found on ``PATH``
   is used instead, if any (for promtool, for example Debian's ``prometheus`` package);
   otherwise the tests that need it skip with the reason. A compile error fails them.
+- ``kube_apiserver_factory`` (session): ``factory(**kwargs) -> KubeApiServer``, a real
+  etcd and kube-apiserver per distinct configuration (``tests/interop/_apiserver.py``),
+  shared by every directory in the session (the interop tests and the conformance
+  suite's Go helper scenarios); skips without Go, openssl or the module proxy.
 
 Helpers that are not fixtures live in modules with a leading underscore
 (``tests/integration/_driver_fixtures.py``, ``_sidecar_process.py``, ...); waiting on
@@ -21,18 +25,27 @@ real time is :func:`kubelet_dra.testing.eventually`.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import pathlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kubelet_dra import clock
 from kubelet_dra.testing import FakeApiServer
 from tests.interop import _build
+from tests.interop._apiserver import (
+    DEFAULT_FEATURE_GATES,
+    KubeApiServer,
+    openssl_unavailable_reason,
+    start_kube_apiserver,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -128,3 +141,49 @@ def helm_bin(pytestconfig: pytest.Config) -> Path:
 def promtool_bin(pytestconfig: pytest.Config) -> Path:
     """The ``promtool`` binary (Prometheus 3.16.0 from the module proxy, else on PATH)."""
     return _tool(pytestconfig, "promtool")
+
+
+def interop_binary(name: str) -> Path:
+    """A ``tests/interop/_build.py`` artifact for a test: built (or taken from the cache),
+    else the test skips (no Go, no module proxy) or fails (a compile error)."""
+    try:
+        return _build.ensure(name)
+    except _build.BuildUnavailable as exc:
+        pytest.skip(f"interop: {name} unavailable: {exc.reason}")
+    except _build.BuildFailed as exc:
+        pytest.fail(f"interop: building {name} failed: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kube_apiserver_factory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., KubeApiServer]]:
+    """Factory of running API servers, one per distinct configuration, shared by the session.
+
+    Keyword arguments are those of ``_apiserver.start_kube_apiserver`` except the binaries
+    and work directory. Do not change cluster-wide state that other tests rely on; use
+    your own namespace.
+    """
+    servers: dict[str, KubeApiServer] = {}
+
+    def get(**kwargs: Any) -> KubeApiServer:
+        reason = openssl_unavailable_reason()
+        if reason:
+            pytest.skip(f"interop: {reason}")
+        etcd_bin = interop_binary("etcd")
+        apiserver_bin = interop_binary("kube-apiserver")
+        kwargs.setdefault("feature_gates", DEFAULT_FEATURE_GATES)
+        key = json.dumps(kwargs, sort_keys=True, default=list)
+        server = servers.get(key)
+        if server is None:
+            workdir = tmp_path_factory.mktemp("kube-apiserver")
+            server = start_kube_apiserver(
+                etcd_bin=etcd_bin, apiserver_bin=apiserver_bin, workdir=workdir, **kwargs
+            )
+            servers[key] = server
+        return server
+
+    yield get
+    for server in servers.values():
+        with contextlib.suppress(Exception):
+            server.stop()

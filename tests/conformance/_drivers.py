@@ -8,7 +8,8 @@ the inputs of both sides are identical by construction.
 The stock FakeDriver returns one device list for every claim; a scenario gives
 each claim its own devices (request names, CDI IDs, share IDs), so the DRA
 service is replaced here by one that answers by claim UID. The health service
-is the FakeDriver's own.
+is the FakeDriver's own. A scenario driver with ``implementation: go-helper`` is
+served by the interop tests' Go driver instead (``_godriver``).
 """
 
 from __future__ import annotations

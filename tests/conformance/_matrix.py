@@ -68,6 +68,15 @@ def render(
     legend += [f"| `{f}` | {sc.FEATURES[f]} |" for f in used]
     bugs = [s for s in scenarios if s.known_bug]
     notes = [""]
+    helper = sorted(s.name for s in scenarios if s.uses_go_helper())
+    if helper:
+        notes.append(
+            "Driver: the Go helper driver of `tests/interop` (kubeletplugin helper, "
+            "`implementation: go-helper`) in "
+            + ", ".join(f"`{n}`" for n in helper)
+            + "; our FakeDriver in the others."
+        )
+        notes.append("")
     if bugs:
         notes.append("Known bugs (undeclared differences found by the run, not fixed yet):")
         notes.append("")

@@ -14,6 +14,7 @@ The shapes are those ``pkg/kubelet/cm/dra/manager.go`` reads in
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from tests.conformance import _scenario as sc
@@ -46,7 +47,12 @@ def claim_object(scenario: sc.Scenario, claim: sc.Claim) -> dict[str, Any]:
             }
         ]
         meta["annotations"] = {"resource.kubernetes.io/pod-claim-name": _ref_of(owner, claim)}
-    requests = sorted({(d.request.split("/")[0] or "req") for d in claim.devices})
+    # A result names a request, or a subrequest ``req/sub`` of a request that lists its
+    # subrequests under firstAvailable (what a kube-apiserver validates).
+    subs: dict[str, set[str]] = {}
+    for d in claim.devices:
+        parent, _, sub = (d.request or "req").partition("/")
+        subs.setdefault(parent, set()).update([sub] if sub else [])
     results = [
         {
             "request": d.request or "req",
@@ -62,12 +68,7 @@ def claim_object(scenario: sc.Scenario, claim: sc.Claim) -> dict[str, Any]:
         "kind": "ResourceClaim",
         "metadata": meta,
         "spec": {
-            "devices": {
-                "requests": [
-                    {"name": r, "exactly": {"deviceClassName": "conformance.example.com"}}
-                    for r in requests
-                ]
-            }
+            "devices": {"requests": [_request(name, sorted(subs[name])) for name in sorted(subs)]}
         },
         "status": {
             "allocation": {"devices": {"results": results}},
@@ -77,6 +78,13 @@ def claim_object(scenario: sc.Scenario, claim: sc.Claim) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _request(name: str, subrequests: list[str]) -> dict[str, Any]:
+    device_class = {"deviceClassName": "conformance.example.com"}
+    if not subrequests:
+        return {"name": name, "exactly": device_class}
+    return {"name": name, "firstAvailable": [{"name": s, **device_class} for s in subrequests]}
 
 
 def _ref_of(pod: sc.Pod, claim: sc.Claim) -> str:
@@ -137,13 +145,19 @@ def _container(container: sc.Container) -> dict[str, Any]:
     return out
 
 
-def prepare_answers(scenario: sc.Scenario, driver: str) -> dict[str, list[dict[str, Any]]]:
-    """Claim UID -> the devices ``driver``'s NodePrepareResources returns for it."""
+def prepare_answers(
+    scenario: sc.Scenario, driver: str, uids: Mapping[str, str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Claim UID -> the devices ``driver``'s NodePrepareResources returns for it.
+
+    ``uids``: claim name -> UID, where the claims got theirs from a kube-apiserver.
+    """
     answers: dict[str, list[dict[str, Any]]] = {}
     for claim in scenario.claims:
         devices = [d.answer() for d in claim.devices if d.driver == driver and d.returned]
         if any(d.driver == driver for d in claim.devices):
-            answers[uid(scenario, "claim", claim.name)] = devices
+            key = (uids or {}).get(claim.name) or uid(scenario, "claim", claim.name)
+            answers[key] = devices
     return answers
 
 

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from kubelet_dra import cli
-from tests.conformance import _compare, _drivers, _objects, _ours, _twinlike
+from tests.conformance import _compare, _drivers, _godriver, _objects, _ours, _twinlike
 from tests.conformance import _scenario as sc
 
 SETTLE = 0.3
@@ -57,6 +57,7 @@ class TimingError(Exception):
 
 
 TwinFactory = Callable[[str], Awaitable[_twinlike.TwinLike]]
+Driver = _drivers.ScenarioDriver | _godriver.GoHelperDriver
 
 
 @dataclasses.dataclass
@@ -128,14 +129,20 @@ def twin_streams(line: str, services: Sequence[str]) -> bool:
 
 class Run:
     def __init__(
-        self, scenario: sc.Scenario, line: str, twin: _twinlike.TwinLike, workdir: pathlib.Path
+        self,
+        scenario: sc.Scenario,
+        line: str,
+        twin: _twinlike.TwinLike,
+        workdir: pathlib.Path,
+        gohelper: _godriver.GoHelperEnv | None = None,
     ) -> None:
         self.scenario = scenario
+        self.gohelper = gohelper
         self.line = line
         self.twin = twin
         self.dir = workdir
         self.ours = _ours.OurSide(workdir / "ours", node=scenario.node, registry=workdir / "reg")
-        self.drivers: dict[tuple[str, str], _drivers.ScenarioDriver] = {}
+        self.drivers: dict[tuple[str, str], Driver] = {}
         self.registered: dict[tuple[str, str], str] = {}  # (driver, endpoint name) -> socket
         self.observed: list[_compare.Observed] = []
         self.at = "setup"
@@ -191,6 +198,8 @@ class Run:
             (twin_dir / STATE_FILE).write_text(self.scenario.checkpoint)
         await self._twin_ok("start", self.twin.start(str(twin_dir), self.scenario.node))
         await self.ours.start()
+        if self.scenario.uses_go_helper():
+            await self._claims_from_apiserver()
         await self._twin_ok("claims", self.twin.claims(list(self.claims.values())))
         for driver in self.scenario.drivers:
             await self._start_endpoint(driver, "main", register=driver.registered)
@@ -198,6 +207,31 @@ class Run:
             if pod.prepare:
                 await self._prepare(pod.name)
         await self._settle()
+
+    async def _claims_from_apiserver(self) -> None:
+        """Create the claims in the kube-apiserver and use them as read back on both sides.
+
+        The Go helper driver's NodePrepareResources fetches each claim there and checks
+        its UID against the kubelet's, so the twin's fake clientset and our side get the
+        server's objects (its UIDs); each run has namespaces of its own on the shared
+        server, and the pods move to them too.
+        """
+        if self.gohelper is None:
+            raise RuntimeError(
+                "the scenario uses the Go helper driver: the run needs a kube-apiserver "
+                "(run it through the conformance tests or _suite, which start one)"
+            )
+        store = _godriver.ApiClaims(self.gohelper.apiserver)
+        wanted = [
+            _godriver.namespaced(obj, store.namespace(obj["metadata"]["namespace"]))
+            for obj in self.claims.values()
+        ]
+        created = await asyncio.to_thread(store.create, wanted)
+        self.claims = {obj["metadata"]["name"]: obj for obj in created}
+        self.pods = {
+            name: _godriver.namespaced(pod, store.namespace(pod["metadata"]["namespace"]))
+            for name, pod in self.pods.items()
+        }
 
     async def _teardown(self) -> None:
         with contextlib.suppress(Exception):
@@ -228,16 +262,34 @@ class Run:
 
     async def _start_endpoint(self, spec: sc.Driver, endpoint: str, *, register: bool) -> None:
         self._sockets += 1
-        drv = _drivers.ScenarioDriver(
-            spec.name,
-            registry=self.dir / "reg",
-            plugin_dir=self.dir / f"s{self._sockets}",
-            answers=_objects.prepare_answers(self.scenario, spec.name),
-            health_versions=spec.health_versions,
-            dra_versions=spec.dra_versions,
-            unimplemented=spec.unimplemented,
-            supported_versions=spec.services,
-        )
+        uids = {name: str(obj["metadata"]["uid"]) for name, obj in self.claims.items()}
+        answers = _objects.prepare_answers(self.scenario, spec.name, uids)
+        drv: Driver
+        if spec.go_helper:
+            assert self.gohelper is not None  # _setup refused the run otherwise
+            binary = self.gohelper.binaries.get(spec.implementation)
+            if binary is None:
+                raise RuntimeError(f"no build of the {spec.implementation} driver")
+            drv = _godriver.GoHelperDriver(
+                spec.name,
+                binary=binary,
+                workdir=self.dir / f"s{self._sockets}",
+                kubeconfig=self.gohelper.apiserver.kubeconfig,
+                # One list for every claim (the scenario loader checked they agree).
+                prepare_devices=next(iter(answers.values()), []),
+                unimplemented=spec.unimplemented,
+            )
+        else:
+            drv = _drivers.ScenarioDriver(
+                spec.name,
+                registry=self.dir / "reg",
+                plugin_dir=self.dir / f"s{self._sockets}",
+                answers=answers,
+                health_versions=spec.health_versions,
+                dra_versions=spec.dra_versions,
+                unimplemented=spec.unimplemented,
+                supported_versions=spec.services,
+            )
         old = self.drivers.get((spec.name, endpoint))
         if old is not None and old._devices is not None:
             drv._devices = list(old._devices)  # a restarted driver knows its devices
@@ -333,7 +385,9 @@ class Run:
             "timeoutMs": 3000,
         }
         message = str(device.get("message") or "")
-        if _twin_line(self.line) >= 36 and len(message.encode()) <= 1024:
+        # The 1.35 helper's v1alpha1 carries no message: the checkpoint shows none.
+        carried = self._driver_spec(driver).implementation != "go-helper-v0.35"
+        if _twin_line(self.line) >= 36 and carried and len(message.encode()) <= 1024:
             request["message"] = message
         call = getattr(self.twin, "call", None)
         if call is not None:
@@ -356,8 +410,11 @@ class Run:
 
     async def _do_end_stream(self, args: sc.EndStream) -> None:
         drv = self.drivers[(args.driver, args.endpoint)]
-        self.ends[(args.driver, args.endpoint)] = (self.nominal, time.time(), _stream_calls(drv))
+        calls = _stream_calls(drv)
+        # The end's time is taken once the driver ended the streams: the Go helper driver
+        # does that when it polls its control file, which a loaded machine can delay.
         await drv.end_streams(args.code)
+        self.ends[(args.driver, args.endpoint)] = (self.nominal, time.time(), calls)
         await self._after_stream_end(args.driver, args.endpoint)
 
     async def _do_unimplemented(self, args: sc.EndpointRef) -> None:
@@ -422,6 +479,14 @@ class Run:
         twin = await self.twin.prepare(pod)
         twin_error = "" if twin.get("ok") and not twin.get("error") else str(twin.get("error"))
         ours = await self.ours.prepare(pod, self.claims)
+        if (twin_error or ours) and self.scenario.uses_go_helper():
+            # Its claims come from the kube-apiserver and it prepares every claim: a failure
+            # is a broken run (claims or answers not what the scenario says), and a failure
+            # on both sides must not pass as "same".
+            raise RuntimeError(
+                f"prepare of pod {name} failed with the Go helper driver: "
+                f"twin: {twin_error or 'prepared'}; ours: {ours or 'prepared'}"
+            )
         if bool(twin_error) != bool(ours):
             self.observed.append(
                 _compare.Observed(
@@ -603,12 +668,12 @@ def fakedriver_not_supported() -> str:
     return fakedriver.NOT_SUPPORTED
 
 
-def _reconnected(drv: _drivers.ScenarioDriver, calls: int) -> bool:
+def _reconnected(drv: Driver, calls: int) -> bool:
     # Both sides opened a new stream since ``calls`` were counted.
     return _stream_calls(drv) >= calls + 2
 
 
-def _stream_calls(drv: _drivers.ScenarioDriver) -> int:
+def _stream_calls(drv: Driver) -> int:
     return sum(n for m, n in drv.calls.items() if m.startswith("NodeWatchResources/"))
 
 
@@ -650,7 +715,12 @@ async def _cache_show(
 
 
 async def run_one(
-    scenario: sc.Scenario, line: str, factory: TwinFactory, *, keep: bool = False
+    scenario: sc.Scenario,
+    line: str,
+    factory: TwinFactory,
+    *,
+    keep: bool = False,
+    gohelper: _godriver.GoHelperEnv | None = None,
 ) -> RunResult:
     """One run; repeated (at most :data:`ATTEMPTS` times) only if its timing failed."""
     for attempt in range(1, ATTEMPTS + 1):
@@ -659,7 +729,7 @@ async def run_one(
         began = time.monotonic()
         try:
             twin = await factory(line)
-            result = await Run(scenario, line, twin, workdir).execute()
+            result = await Run(scenario, line, twin, workdir, gohelper).execute()
             result.attempts = attempt
             return result
         except TimingError as exc:
@@ -682,13 +752,15 @@ async def run_all(
     factory: TwinFactory,
     *,
     concurrency: int = 24,
+    gohelper: _godriver.GoHelperEnv | None = None,
 ) -> list[RunResult]:
-    """Every scenario that names ``line``, at most ``concurrency`` at a time."""
+    """Every scenario that names ``line``, at most ``concurrency`` at a time (``gohelper``:
+    the kube-apiserver and driver builds of scenarios with a Go helper driver)."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(scenario: sc.Scenario) -> RunResult:
         async with gate:
-            return await run_one(scenario, line, factory)
+            return await run_one(scenario, line, factory, gohelper=gohelper)
 
     logging.getLogger("kubelet_dra").setLevel(logging.CRITICAL)  # drivers misbehave on purpose
     chosen = [s for s in scenarios if line in s.lines]

@@ -117,10 +117,23 @@ class DeviceReport(_Model):
         ]
 
 
+IMPLEMENTATIONS: dict[str, str] = {
+    "fake": "our FakeDriver (tests/conformance/_drivers.py), in the runner's process",
+    "go-helper": "the interop Go driver on the kubeletplugin helper v0.37.2 (health v1, v1alpha1)",
+    "go-helper-v0.35": "the interop Go driver on the kubeletplugin helper v0.35.10 (v1alpha1)",
+}
+"""Driver implementations a scenario can choose (``implementation`` of a driver)."""
+
+
 class Driver(_Model):
-    """A DRA driver (a FakeDriver on its own socket) and how it registers."""
+    """A DRA driver (a FakeDriver or the Go helper driver on its own socket) and how it
+    registers."""
 
     name: str
+    implementation: Literal["fake", "go-helper", "go-helper-v0.35"] = "fake"
+    """Which program serves the driver's sockets (:data:`IMPLEMENTATIONS`). A Go helper
+    driver answers with what its helper serves: ``health_versions``, ``dra_versions`` and
+    ``services`` are not set for it."""
     health_versions: tuple[Literal["v1", "v1alpha1"], ...] = ("v1", "v1alpha1")
     dra_versions: tuple[Literal["v1", "v1beta1"], ...] = ("v1",)
     services: tuple[str, ...] | None = None
@@ -129,6 +142,21 @@ class Driver(_Model):
     """Every health stream is answered with UNIMPLEMENTED."""
     registered: bool = True
     """Registered on both sides before the timeline starts."""
+
+    @property
+    def go_helper(self) -> bool:
+        return self.implementation != "fake"
+
+    @pydantic.model_validator(mode="after")
+    def _helper_serves(self) -> Driver:
+        fixed = {"health_versions", "dra_versions", "services"} & self.model_fields_set
+        if self.go_helper and fixed:
+            raise ValueError(
+                f"driver {self.name!r}: {', '.join(sorted(fixed))} cannot be chosen for "
+                f"implementation {self.implementation} (its kubeletplugin helper decides "
+                "what it serves and advertises)"
+            )
+        return self
 
 
 class AllocatedDevice(_Model):
@@ -459,11 +487,17 @@ class Scenario(_Model):
                 raise ValueError(f"timeline[{i}] ({step.kind}): unknown pod {args.pod!r}")
         if not syncs:
             raise ValueError("the timeline has no sync point: nothing would be compared")
+        _go_helper_can(self)
         for diff in self.differences:
             for name in diff.at:
                 if name not in syncs:
                     raise ValueError(f"difference {diff.feature}: unknown sync point {name!r}")
         return self
+
+    def uses_go_helper(self) -> bool:
+        """Whether a driver of this scenario is the Go helper driver (which needs the
+        claims in a kube-apiserver)."""
+        return any(d.go_helper for d in self.drivers)
 
     def sync_names(self) -> list[str]:
         return [s.args.name for s in self.timeline if isinstance(s.args, Sync)]
@@ -473,6 +507,77 @@ class Scenario(_Model):
 
     def claim(self, name: str) -> Claim:
         return next(c for c in self.claims if c.name == name)
+
+
+def _go_helper_can(scenario: Scenario) -> None:
+    """Refuse what the Go helper driver cannot do (its control file, ``driver/common``).
+
+    Its NodePrepareResources answers every claim with one scripted device list, it has
+    no share IDs, it sends one report per control-file change, and a health stream it
+    ends always ends with a gRPC status (never a clean EOF).
+    """
+    helper = {d.name for d in scenario.drivers if d.go_helper}
+    if not helper:
+        return
+    for name in sorted(helper):
+        answers = {
+            claim.name: [d.answer() for d in claim.devices if d.driver == name and d.returned]
+            for claim in scenario.claims
+            if any(d.driver == name for d in claim.devices)
+        }
+        if any(not a for a in answers.values()):
+            raise ValueError(
+                f"driver {name!r} (Go helper) must return at least one device per claim "
+                "(with an empty list it answers with its health devices instead)"
+            )
+        distinct = {repr(a) for a in answers.values()}
+        if len(distinct) > 1:
+            raise ValueError(
+                f"driver {name!r} (Go helper) answers every claim with one device list, but "
+                f"claims {sorted(answers)} are allocated different devices of it: give each "
+                "claim its own driver"
+            )
+        for claim in scenario.claims:
+            for dev in claim.devices:
+                if dev.driver == name and dev.share_id is not None:
+                    raise ValueError(
+                        f"claim {claim.name!r}: share_id is not supported by the Go helper "
+                        f"driver {name!r}"
+                    )
+    for i, step in enumerate(scenario.timeline):
+        args = step.args
+        where = f"timeline[{i}] ({step.kind})"
+        if isinstance(args, Report) and args.driver in helper:
+            if args.times != 1:
+                raise ValueError(
+                    f"{where}: the Go helper driver sends one report per control-file change; "
+                    "times/alternate need the FakeDriver"
+                )
+            for report in args.devices:
+                if isinstance(report.health, int) and report.health not in (0, 1, 2):
+                    raise ValueError(
+                        f"{where}: health {report.health} cannot be scripted for the Go helper "
+                        "driver (its control file knows HEALTHY, UNHEALTHY and UNKNOWN)"
+                    )
+        if isinstance(args, EndStream) and args.driver in helper:
+            if args.code is None or args.code.upper() == "OK":
+                raise ValueError(
+                    f"{where}: the Go helper driver cannot end a stream cleanly (EOF); "
+                    "give a gRPC code such as UNAVAILABLE"
+                )
+            if args.code.upper() not in GO_HELPER_CODES:
+                raise ValueError(
+                    f"{where}: code {args.code!r} is not one the Go helper driver knows "
+                    f"(one of {', '.join(GO_HELPER_CODES)})"
+                )
+
+
+GO_HELPER_CODES = (
+    "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE",
+)  # fmt: skip
+"""The gRPC codes of the Go helper driver's ``stream_error`` (``driver/common/control.go``)."""
 
 
 class ScenarioError(Exception):

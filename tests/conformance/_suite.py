@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Sequence
 
-from tests.conformance import _generate, _matrix, _runner, _twinlike
+from tests.conformance import _generate, _godriver, _matrix, _runner, _twinlike
 from tests.conformance import _scenario as sc
 
 DEFAULT_LINES = ("1.37", "1.38")
@@ -48,9 +49,16 @@ def generated(seeds: Sequence[int] = _generate.SEEDS) -> list[sc.Scenario]:
 
 
 async def run_line(
-    scenarios: Sequence[sc.Scenario], line: str, binary: str, *, concurrency: int
+    scenarios: Sequence[sc.Scenario],
+    line: str,
+    binary: str,
+    *,
+    concurrency: int,
+    gohelper: _godriver.GoHelperEnv | None = None,
 ) -> list[_runner.RunResult]:
-    return await _runner.run_all(scenarios, line, factory_for(binary), concurrency=concurrency)
+    return await _runner.run_all(
+        scenarios, line, factory_for(binary), concurrency=concurrency, gohelper=gohelper
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,8 +70,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-matrix", action="store_true")
     parser.add_argument("names", nargs="*", help="scenario names (default: all written)")
     ns = parser.parse_args(argv)
-    from tests.conformance import _twin
-
     scenarios = [] if ns.only_generated else written()
     if ns.names:
         scenarios = [s for s in scenarios if s.name in ns.names]
@@ -71,24 +77,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = ns.line or list(sc.LINES)
     status = 0
     results: dict[str, list[_runner.RunResult]] = {}
-    for line in lines:
-        binary = str(_twin.binary(version_of(line)))
-        began = time.monotonic()
-        done = asyncio.run(run_line(scenarios, line, binary, concurrency=ns.concurrency))
-        results[line] = done
-        failed = [r for r in done if not r.ok]
-        print(
-            f"kubelet {line}: {len(done)} scenarios, {len(failed)} failed, "
-            f"{time.monotonic() - began:.1f}s wall, slowest "
-            f"{max((r.seconds for r in done), default=0):.1f}s",
-            flush=True,
-        )
-        for result in failed:
-            print(result.report(), flush=True)
-            status = 1
+    helpers = {d.implementation for s in scenarios for d in s.drivers if d.go_helper}
+    with contextlib.ExitStack() as stack:
+        # Scenarios with a Go helper driver need a kube-apiserver (one for all lines).
+        env = stack.enter_context(_godriver.started_env(helpers)) if helpers else None
+        for line in lines:
+            status |= _one_line(scenarios, line, ns.concurrency, env, results)
     if ns.write_matrix:
         _matrix.write([s for s in scenarios if not s.generated], results)
     return status
+
+
+def _one_line(
+    scenarios: Sequence[sc.Scenario],
+    line: str,
+    concurrency: int,
+    env: _godriver.GoHelperEnv | None,
+    results: dict[str, list[_runner.RunResult]],
+) -> int:
+    """Run one line, print its summary and failures, store its results; 1 if any failed."""
+    from tests.conformance import _twin
+
+    binary = str(_twin.binary(version_of(line)))
+    began = time.monotonic()
+    done = asyncio.run(run_line(scenarios, line, binary, concurrency=concurrency, gohelper=env))
+    results[line] = done
+    failed = [r for r in done if not r.ok]
+    print(
+        f"kubelet {line}: {len(done)} scenarios, {len(failed)} failed, "
+        f"{time.monotonic() - began:.1f}s wall, slowest "
+        f"{max((r.seconds for r in done), default=0):.1f}s",
+        flush=True,
+    )
+    for result in failed:
+        print(result.report(), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 """The conformance suite: every scenario against the kubelet twin of each line.
 
 One test per line runs all written scenarios concurrently (the kubelet's wall-clock waits
-overlap), one runs the generated ones (fixed seeds), and one the scenarios with a known bug
-(expected failures that must keep failing the way their bug says, until it is fixed). A
-failure prints every undeclared and every missing difference with a diff.
+overlap), one the scenarios whose driver is the Go helper driver of the interop tests (with
+the session's kube-apiserver), one runs the generated ones (fixed seeds), and one the
+scenarios with a known bug (expected failures that must keep failing the way their bug
+says, until it is fixed). A failure prints every undeclared and every missing difference
+with a diff.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conformance import _generate, _matrix, _runner, _suite
+from tests.conformance import _generate, _godriver, _matrix, _runner, _suite
 from tests.conformance import _scenario as sc
 from tests.conformance.conftest import concurrency
 
@@ -30,9 +32,27 @@ def _check(results: list[_runner.RunResult], scenarios: list[sc.Scenario]) -> No
 
 @pytest.mark.parametrize("line", sc.LINES)
 async def test_written_scenarios(line: str, twin_binary: str) -> None:
-    chosen = [s for s in WRITTEN if not s.known_bug and line in s.lines]
+    chosen = [s for s in WRITTEN if not s.known_bug and line in s.lines and not s.uses_go_helper()]
     results = await _runner.run_all(
         chosen, line, _suite.factory_for(twin_binary), concurrency=concurrency()
+    )
+    assert len(results) == len(chosen)
+    _check(results, chosen)
+
+
+@pytest.mark.parametrize("line", sc.LINES)
+async def test_go_helper_scenarios(
+    line: str, twin_binary: str, go_helper: _godriver.GoHelperEnv
+) -> None:
+    chosen = [s for s in WRITTEN if not s.known_bug and line in s.lines and s.uses_go_helper()]
+    if not chosen:
+        pytest.skip(f"no Go helper scenarios on kubelet {line}")
+    results = await _runner.run_all(
+        chosen,
+        line,
+        _suite.factory_for(twin_binary),
+        concurrency=concurrency(),
+        gohelper=go_helper,
     )
     assert len(results) == len(chosen)
     _check(results, chosen)
@@ -43,6 +63,8 @@ async def test_known_bugs_still_differ(line: str, twin_binary: str) -> None:
     chosen = [s for s in WRITTEN if s.known_bug and line in s.lines]
     if not chosen:
         pytest.skip(f"no known bugs on kubelet {line}")
+    if any(s.uses_go_helper() for s in chosen):
+        pytest.fail("a known bug on the Go helper driver: give this test the go_helper fixture")
     results = await _runner.run_all(chosen, line, _suite.factory_for(twin_binary))
     fixed = [r.scenario for r in results if r.ok]
     assert not fixed, f"fixed, remove their known_bug: {fixed}"

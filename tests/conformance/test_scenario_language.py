@@ -101,6 +101,54 @@ def test_mistakes_get_one_clear_error(tmp_path: pathlib.Path, extra: str, messag
     assert message in str(caught.value)
 
 
+GO = BASE.replace("{name: gpu.example.com}", "{name: gpu.example.com, implementation: go-helper}")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (GO.replace("implementation: go-helper", "implementation: go-helper-v0.36")
+         + "timeline: [{sync: a}]", "drivers.0.implementation"),
+        (GO.replace("go-helper}", "go-helper, health_versions: [v1]}") + "timeline: [{sync: a}]",
+         "health_versions cannot be chosen for implementation go-helper"),
+        (GO + "timeline: [{end_stream: gpu.example.com}, {sync: a}]",
+         "timeline[0] (end_stream): the Go helper driver cannot end a stream cleanly (EOF)"),
+        (GO + "timeline: [{end_stream: {driver: gpu.example.com, code: DATA_LOSS}}, {sync: a}]",
+         "code 'DATA_LOSS' is not one the Go helper driver knows"),
+        (GO + "timeline: [{report: {driver: gpu.example.com, times: 3}}, {sync: a}]",
+         "timeline[0] (report): the Go helper driver sends one report per control-file change"),
+        (GO + "timeline: [{report: {driver: gpu.example.com, devices: [{device: d, "
+         "health: 7}]}}, {sync: a}]", "health 7 cannot be scripted for the Go helper driver"),
+        (GO.replace("claims: [{name: c,", "claims: [{name: c2, devices: [{driver: "
+         "gpu.example.com, device: e}]}, {name: c,") + "timeline: [{sync: a}]",
+         "answers every claim with one device list, but claims ['c', 'c2']"),
+        (GO.replace("device: d}", "device: d, share_id: s}") + "timeline: [{sync: a}]",
+         "share_id is not supported by the Go helper driver"),
+        (GO.replace("device: d}", "device: d, returned: false}") + "timeline: [{sync: a}]",
+         "must return at least one device per claim"),
+    ],
+)  # fmt: skip
+def test_what_the_go_helper_driver_cannot_do_is_refused(
+    tmp_path: pathlib.Path, text: str, message: str
+) -> None:
+    with pytest.raises(sc.ScenarioError) as caught:
+        sc.load(_write(tmp_path, "bad", text))
+    assert message in str(caught.value)
+
+
+def test_go_helper_scenarios_cover_the_issue() -> None:
+    helper = [s for s in WRITTEN if s.uses_go_helper()]
+    assert len(helper) >= 5
+    steps = {step.kind for s in helper for step in s.timeline}
+    assert {"report", "end_stream", "restart", "prepare"} <= steps
+    assert {d.implementation for s in helper for d in s.drivers} == {
+        "go-helper", "go-helper-v0.35"
+    }  # fmt: skip
+    assert any(len(s.claims) > 1 for s in helper)
+    assert any(r.args.devices and any(d.timeout for d in r.args.devices)
+               for s in helper for r in s.timeline if isinstance(r.args, sc.Report))  # fmt: skip
+
+
 def test_a_container_naming_an_unknown_claim_is_refused(tmp_path: pathlib.Path) -> None:
     text = BASE.replace("claims: [gpu]", "claims: [gpu, nic]") + "timeline: [{sync: a}]"
     with pytest.raises(sc.ScenarioError, match="uses claim 'nic'"):

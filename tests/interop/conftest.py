@@ -11,7 +11,8 @@ Fixtures (see each docstring):
 - ``interop_driver`` (function): factory that starts :class:`DriverProcess` objects and
   stops them after the test, e.g. ``interop_driver("v035", script={...})``.
 - ``interop_socket_dir`` (function): a short temporary directory for unix sockets.
-- ``kube_apiserver_factory`` (session): ``factory(feature_gates=..., runtime_config=...,
+- ``kube_apiserver_factory`` (session, defined in ``tests/conftest.py`` so that the
+  conformance suite shares its servers): ``factory(feature_gates=..., runtime_config=...,
   extra_users=..., disable_admission_plugins=..., extra_args=...) -> KubeApiServer``;
   servers are shared per configuration within the session.
 - ``kube_apiserver`` (function): the shared server for this test's configuration, taken
@@ -21,8 +22,6 @@ Fixtures (see each docstring):
 
 from __future__ import annotations
 
-import contextlib
-import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,10 +32,7 @@ import pytest
 
 from . import _build
 from ._apiserver import (
-    DEFAULT_FEATURE_GATES,
     KubeApiServer,
-    openssl_unavailable_reason,
-    start_kube_apiserver,
 )
 from ._driver import DEFAULT_DRIVER_NAME, DriverProcess
 
@@ -176,41 +172,6 @@ def interop_driver(
 
 
 ApiServerFactory = Callable[..., KubeApiServer]
-
-
-@pytest.fixture(scope="session")
-def kube_apiserver_factory(
-    pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ApiServerFactory]:
-    """Factory of running API servers, one per distinct configuration, shared by the session.
-
-    Keyword arguments are those of ``_apiserver.start_kube_apiserver`` except the binaries
-    and work directory. Do not change cluster-wide state that other tests rely on; use
-    your own namespace.
-    """
-    servers: dict[str, KubeApiServer] = {}
-
-    def get(**kwargs: Any) -> KubeApiServer:
-        reason = openssl_unavailable_reason()
-        if reason:
-            pytest.skip(f"interop: {reason}")
-        etcd_bin = _artifact(pytestconfig, "etcd")
-        apiserver_bin = _artifact(pytestconfig, "kube-apiserver")
-        kwargs.setdefault("feature_gates", DEFAULT_FEATURE_GATES)
-        key = json.dumps(kwargs, sort_keys=True, default=list)
-        server = servers.get(key)
-        if server is None:
-            workdir = tmp_path_factory.mktemp("kube-apiserver")
-            server = start_kube_apiserver(
-                etcd_bin=etcd_bin, apiserver_bin=apiserver_bin, workdir=workdir, **kwargs
-            )
-            servers[key] = server
-        return server
-
-    yield get
-    for server in servers.values():
-        with contextlib.suppress(Exception):
-            server.stop()
 
 
 @pytest.fixture
