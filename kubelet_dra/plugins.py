@@ -136,13 +136,22 @@ class PluginManager:
             self._deadline_task = asyncio.create_task(self._deadline_loop(), name="lease-deadlines")
 
     async def close(self) -> None:
-        """Stop every stream (marking their devices ``Unknown``) and the deadline task."""
-        for endpoint in list(self._endpoints):
-            await self._remove(endpoint)
-        if self._deadline_task is not None:
-            self._deadline_task.cancel()
-            await asyncio.gather(self._deadline_task, return_exceptions=True)
-            self._deadline_task = None
+        """Stop every stream (marking their devices ``Unknown``) and the deadline task.
+
+        Safe to cancel (an owner's shutdown timeout): every task is cancelled all the
+        same, so none outlives its event loop half-run.
+        """
+        try:
+            for endpoint in list(self._endpoints):
+                await self._remove(endpoint)
+        finally:
+            for entry in self._endpoints.values():
+                if entry.task is not None:
+                    entry.task.cancel()
+            deadline_task, self._deadline_task = self._deadline_task, None
+            if deadline_task is not None:
+                deadline_task.cancel()
+                await asyncio.gather(deadline_task, return_exceptions=True)
 
     # -- registration events ----------------------------------------------
 

@@ -7,6 +7,7 @@ own, while a run that showed a difference is never run again.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import pytest
@@ -40,7 +41,7 @@ async def test_only_runs_whose_timing_failed_are_run_again_alone(
     differs = _compare.Observed("status", "s", "pod/c", "a", "b")
 
     async def fake_run_one(
-        scenario: sc.Scenario, line: str, factory: _runner.TwinFactory, *, keep: bool = False
+        scenario: sc.Scenario, line: str, factory: _runner.TwinFactory, **_: object
     ) -> _runner.RunResult:
         calls.append(scenario.name)
         first = calls.count(scenario.name) == 1
@@ -62,6 +63,7 @@ async def test_only_runs_whose_timing_failed_are_run_again_alone(
         ("differs", False, False),
     ]
     assert "re-run alone" in results[1].report()
+    assert logging.getLogger("kubelet_dra").level == logging.NOTSET  # restored for later tests
 
 
 async def _unused_factory(line: str) -> _twinlike.TwinLike:

@@ -10,6 +10,7 @@ counted as ``too_many_endpoints``; the endpoint stays registered until it goes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import pathlib
 
@@ -126,3 +127,26 @@ async def test_over_the_bound_the_oldest_stream_stops_not_the_newest(
         assert manager.refused[DRIVER, "too_many_endpoints"] == extra
         assert drv.open_streams == bound
         assert health(cache, GPU0, fake_clock.now()) == "Unhealthy"
+
+
+async def test_a_cancelled_close_still_cancels_every_task(
+    sockdir: pathlib.Path, stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner that gives up waiting on ``close`` (its shutdown timeout) leaves no
+    stream or deadline task running into a closed event loop."""
+    _, manager, _ = stack
+    async with fakedriver.FakeDriver(DRIVER, registry=sockdir / "reg") as drv:
+        await register(manager, drv)
+        await drv.wait_for_streams(1)
+        tasks = [e.task for e in manager._endpoints.values() if e.task is not None]
+        deadline_task = manager._deadline_task
+        assert tasks and deadline_task is not None
+
+        async def hangs(endpoint: str) -> None:
+            await asyncio.Event().wait()
+
+        monkeypatch.setattr(manager, "_remove", hangs)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(manager.close(), 0.2)
+        await asyncio.sleep(0)  # let the cancellations land
+        assert deadline_task.done() and all(t.cancelling() or t.done() for t in tasks)
