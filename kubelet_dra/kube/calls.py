@@ -98,6 +98,10 @@ class Counts(Protocol):
     results: collections.Counter[str]
 
 
+RETRY_AFTER_SPREAD = 0.25
+"""A retry after a ``Retry-After`` waits that long plus up to this fraction more."""
+
+
 class RetryingCaller:
     """Runs ``Api`` calls, each under the limiter, with retries.
 
@@ -173,7 +177,11 @@ class RetryingCaller:
     def _delay(self, exc: BaseException | None, attempt: int) -> float:
         retry_after = getattr(exc, "retry_after", None)
         if retry_after is not None:
-            return float(retry_after)
+            # Never sooner than the server asked, and up to a quarter later: every node
+            # refused in one burst gets the same Retry-After (APF's grows to 32 s),
+            # and retrying exactly on it brings them back in lockstep (issue 15's fleet
+            # run with APF on). client-go waits exactly Retry-After.
+            return float(retry_after) * (1.0 + RETRY_AFTER_SPREAD * self._rng.random())
         return float(min(5.0, 0.1 * 2 ** (attempt - 1)) * self._rng.uniform(0.5, 1.0))
 
     def _count_retry(self, state: tenacity.RetryCallState) -> None:
