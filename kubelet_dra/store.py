@@ -45,11 +45,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, NotRequired
 
 import pydantic
 import sqlitedict
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from kubelet_dra import errors, healthinfo, models
 
