@@ -118,7 +118,10 @@ class Converted:
     @property
     def reports(self) -> list[models.DeviceReport]:
         """The entries as :class:`models.DeviceReport` values (for readers, not the hot path)."""
-        return [models.DeviceReport(*key, *entry) for key, entry in self.entries.items()]
+        return [
+            models.DeviceReport(pool, device, health, message, timeout, driver_time)
+            for (pool, device), (health, message, timeout, driver_time) in self.entries.items()
+        ]
 
 
 def convert(devices: Iterable[Any], *, max_devices: int) -> Converted:

@@ -118,7 +118,8 @@ class HealthCache:
         # Heap of (deadline, device) with at most one live entry per device,
         # whose deadline is in _scheduled; entries are settled lazily (_due).
         self._heap: list[tuple[float, models.DeviceKey]] = []
-        self._scheduled: dict[models.DeviceKey, float] = {}
+        # Keyed by DeviceKey; looked up with plain (driver, pool, device) tuples too.
+        self._scheduled: dict[StagedKey, float] = {}
         # Per driver, the records whose lease ran out (found by _due): the
         # candidates for deletion at that driver's next report (kubelet
         # v1.37.2 "phase 2"), so a report costs O(overdue), not O(devices).

@@ -215,7 +215,8 @@ class DRAHealthManager:
         opened = await asyncio.to_thread(store.HealthStore.open, self.settings.state_dir)
         records = await asyncio.to_thread(opened.load)
         self.store = opened
-        self.cache.load(records)
+        with store.gc_paused():  # half a million acyclic objects (see store.gc_paused)
+            self.cache.load(records)
         self.cache.attach(opened)
         # Leases that ran out while we were down turn Unknown now; their pods
         # are written once the pod cache has synced (every pod is checked then).

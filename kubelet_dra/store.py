@@ -37,6 +37,7 @@ cache as JSON rewritten (temp file + rename, no fsync) on every change. Here:
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -193,7 +194,7 @@ def _value(key: healthinfo.StagedKey, record: models.DeviceHealth) -> dict[str, 
 
 
 # json's own string encoder (C; ensure_ascii=False): quotes and escapes.
-_encode: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_encode: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def _value_text(key: healthinfo.StagedKey, record: models.DeviceHealth) -> tuple[str, str]:
@@ -297,7 +298,8 @@ class HealthStore:
         if self._db is None:
             return self._load_read_only()
         try:
-            return list(self._load_chunks())
+            with gc_paused():
+                return list(self._load_chunks())
         except (sqlite3.Error, pydantic.ValidationError, ValueError):
             # One bad row spoils the fast path; read row by row and skip it.
             return list(self._load_rows())
@@ -483,6 +485,24 @@ class HealthStore:
             logger.error("health cache not flushed at close: %s", exc)
         if self._db is not None and self._db.conn is not None and self._db.conn.is_alive():
             self._db.close()
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a bulk load of acyclic values.
+
+    A 100,000-device load allocates about half a million dicts and tuples,
+    none in a cycle; the collector's full passes over them cost a third of
+    the load (issue 15: 800 against 400-460 ms of CPU). Start-up only, and
+    only for as long as the load (or the cache's, ``manager``) runs.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _make_private_dir(directory: pathlib.Path) -> None:
