@@ -195,6 +195,7 @@ def _value(key: healthinfo.StagedKey, record: models.DeviceHealth) -> dict[str, 
 
 # json's own string encoder (C; ensure_ascii=False): quotes and escapes.
 _encode: Callable[[str], str] = json.encoder.encode_basestring
+_HEALTH_TEXT = {health: _encode(health.value) for health in models.HealthStatus}
 
 
 def _value_text(key: healthinfo.StagedKey, record: models.DeviceHealth) -> tuple[str, str]:
@@ -206,7 +207,8 @@ def _value_text(key: healthinfo.StagedKey, record: models.DeviceHealth) -> tuple
     driver, pool, device = key
     driver, pool, device = _encode(driver), _encode(pool), _encode(device)
     lease, last_report = repr(record.lease), repr(record.last_report)
-    if "n" in lease or "n" in last_report or type(record.driver_time) is not int:
+    health = _HEALTH_TEXT.get(record.health)  # not .value: an enum property, a third of this
+    if health is None or "n" in lease or "n" in last_report or type(record.driver_time) is not int:
         # nan/inf (json spells them differently) or an odd type: the slow, exact way.
         return (
             f"[{driver},{pool},{device}]",
@@ -215,7 +217,7 @@ def _value_text(key: healthinfo.StagedKey, record: models.DeviceHealth) -> tuple
     return (
         f"[{driver},{pool},{device}]",
         f'{{"v":{SCHEMA_VERSION},"driver":{driver},"pool":{pool},"device":{device},'
-        f'"health":"{record.health.value}","message":{_encode(record.message)},'
+        f'"health":{health},"message":{_encode(record.message)},'
         f'"lease":{lease},"last_report":{last_report},"driver_time":{record.driver_time},'
         f'"endpoint":{_encode(record.endpoint)}}}',
     )
