@@ -90,6 +90,7 @@ def test_everything_persisted_reads_back_identical(
         reopened.close()
 
 
+@settings(deadline=None)  # a first example took 257 ms at load 40 (0.2 ms when repeated)
 @given(st.lists(st.floats(0, 50), min_size=1, max_size=30), st.integers(1, 40))
 def test_expire_reports_each_lease_exactly_once_at_its_deadline(
     offsets: list[float], timeout: int
