@@ -131,27 +131,15 @@ class DRAHealthManager:
 
     async def start(self) -> None:
         """Open the state file, start the streams, the API side or the callback, the registry."""
-        if self._on_status is None:
-            # The API side starts while the state file loads (issue 15: at
-            # 10,000 devices both take about as long): the pod list and the
-            # claim reads wait on the API server, the load on the CPU. Nothing
-            # is written before priming, which starts after the load below.
-            opening = asyncio.create_task(self._open_store(), name="open-state-file")
-            try:
-                await self._start_kube()
-            finally:
-                # On a failure too: the file is not left half-open behind us.
-                await asyncio.wait({opening})
-            if opening.exception() is not None:
-                for task in self._tasks:  # the API side started; stop it
-                    task.cancel()
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-                self._tasks.clear()
-                opening.result()
-        else:
-            await self._open_store()
-            self._spawn(self._after_priming(self.agent.run()), "status-callback")
+        # The file first: a pod already terminated when it is first listed has
+        # its devices' health recorded at once (the writer's post-mortem), so
+        # the API side must not start before the cache holds the file.
+        await self._open_store()
         await self.plugins.start()
+        if self._on_status is None:
+            await self._start_kube()
+        else:
+            self._spawn(self._after_priming(self.agent.run()), "status-callback")
         self._spawn(self._flush_loop(), "store-flush")
         self.watcher = registration.RegistryWatcher(
             self.settings.plugins_registry if self._watch_registry else None,
