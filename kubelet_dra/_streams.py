@@ -18,8 +18,9 @@ Where the kubelet retries every 5 s forever, even on ``UNIMPLEMENTED``
 (issue #141855), the generator returns on ``UNIMPLEMENTED`` and otherwise
 backs off exponentially with jitter, up to a cap, resetting after a healthy
 period. Protobuf messages stop here: v1 and v1alpha1 responses both become
-``models.DeviceReport`` values. :data:`HEALTH_CLIENTS` is the one table of
-health-service stubs (``commands.watch`` uses it too).
+``healthinfo.Entries``, keyed as the cache keys them (``Converted.reports``
+gives ``models.DeviceReport`` values to readers). :data:`HEALTH_CLIENTS` is
+the one table of health-service stubs (``commands.watch`` uses it too).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import dataclasses
 import enum
 import logging
 import random
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Sized
 from typing import Any
 
 import grpc
@@ -103,68 +104,77 @@ class EndpointStatus:
 
 @dataclasses.dataclass
 class Converted:
-    """One response, converted: the reports to apply and what was refused or altered."""
+    """One response, converted: the entries to apply and what was refused or altered.
 
-    reports: list[models.DeviceReport]
+    ``entries`` is the report keyed as the health cache keys a driver's
+    records, each device once (the last entry wins), in report order: the
+    cache applies it without building anything per device first.
+    """
+
+    entries: dict[healthinfo.Key, healthinfo.Entry]
     problems: collections.Counter[str]
     refused: str | None = None  # set when the whole report is refused
 
+    @property
+    def reports(self) -> list[models.DeviceReport]:
+        """The entries as :class:`models.DeviceReport` values (for readers, not the hot path)."""
+        return [
+            models.DeviceReport(pool, device, health, message, timeout, driver_time)
+            for (pool, device), (health, message, timeout, driver_time) in self.entries.items()
+        ]
+
 
 def convert(devices: Iterable[Any], *, max_devices: int) -> Converted:
-    """Turn the repeated ``DeviceHealth`` of a v1 or v1alpha1 response into reports.
+    """Turn the repeated ``DeviceHealth`` of a v1 or v1alpha1 response into entries.
 
     Empty or oversized names are refused; within one report the last entry
     for a device wins; unknown enum numbers read as ``Unknown``; messages are
     truncated to the API limit.
     """
     problems: collections.Counter[str] = collections.Counter()
-    devices = list(devices)
+    if not isinstance(devices, Sized):
+        devices = list(devices)
     if len(devices) > max_devices:
         problems["too_many_devices"] += 1
-        return Converted([], problems, refused="too_many_devices")
-    by_key: dict[tuple[str, str], models.DeviceReport] = {}
+        return Converted({}, problems, refused="too_many_devices")
+    # The hot path (every device of every report, issue 15): one loop, no
+    # call per device, cheap checks first; the byte-length checks only when
+    # a name or message could be over the limit (a UTF-8 character is at
+    # most 4 bytes); each entry a plain tuple keyed as the cache keys it.
+    entries: dict[healthinfo.Key, healthinfo.Entry] = {}
+    health_of, unknown = _HEALTH.get, models.HealthStatus.UNKNOWN
     for device in devices:
-        report = _convert_one(device, problems)
-        if report is None:
+        ident = device.device
+        pool, name = ident.pool_name, ident.device_name
+        if not pool or not name:
+            problems["empty_name"] += 1
             continue
-        key = (report.pool, report.device)
-        if key in by_key:
+        if (len(pool) > _SAFE_NAME_CHARS or len(name) > _SAFE_NAME_CHARS) and (
+            len(pool.encode()) > MAX_NAME_BYTES or len(name.encode()) > MAX_NAME_BYTES
+        ):
+            problems["name_too_long"] += 1
+            continue
+        health = device.health
+        status = health_of(health)
+        if status is None:
+            status = unknown
+            if health != 0:
+                problems["unknown_health"] += 1
+        timeout = device.health_check_timeout_seconds
+        if timeout < 0:
+            problems["negative_timeout"] += 1
+        message = device.message
+        if len(message) > _SAFE_MESSAGE_CHARS:
+            truncated = healthinfo.truncate_message(message)
+            if truncated != message:
+                problems["message_truncated"] += 1
+                message = truncated
+        key = (pool, name)
+        if key in entries:
             problems["duplicate"] += 1
-            del by_key[key]  # keep the report order of the winning entry
-        by_key[key] = report
-    return Converted(list(by_key.values()), problems)
-
-
-def _convert_one(device: Any, problems: collections.Counter[str]) -> models.DeviceReport | None:
-    # The hot path (every device of every report): cheap checks first, the
-    # byte-length checks only when a name or message could be over the limit
-    # (a UTF-8 character is at most 4 bytes).
-    ident = device.device
-    pool, name = ident.pool_name, ident.device_name
-    if not pool or not name:
-        problems["empty_name"] += 1
-        return None
-    if (len(pool) > _SAFE_NAME_CHARS or len(name) > _SAFE_NAME_CHARS) and (
-        len(pool.encode()) > MAX_NAME_BYTES or len(name.encode()) > MAX_NAME_BYTES
-    ):
-        problems["name_too_long"] += 1
-        return None
-    health = device.health
-    status = _HEALTH.get(health)
-    if status is None:
-        status = models.HealthStatus.UNKNOWN
-        if health != 0:
-            problems["unknown_health"] += 1
-    timeout = device.health_check_timeout_seconds
-    if timeout < 0:
-        problems["negative_timeout"] += 1
-    message = device.message
-    if len(message) > _SAFE_MESSAGE_CHARS:
-        truncated = healthinfo.truncate_message(message)
-        if truncated != message:
-            problems["message_truncated"] += 1
-            message = truncated
-    return models.DeviceReport(pool, name, status, message, timeout, device.last_updated_time)
+            del entries[key]  # keep the report order of the winning entry
+        entries[key] = (status, message, timeout, device.last_updated_time)
+    return Converted(entries, problems)
 
 
 class Backoff:
@@ -298,7 +308,7 @@ async def _reports(
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
                 # A message over max_message_bytes ends the stream on our side.
-                yield Converted([], collections.Counter({"too_large": 1}), refused="too_large")
+                yield Converted({}, collections.Counter({"too_large": 1}), refused="too_large")
             run.outcome = _classify(exc, status)
             return
     status.log_once("eof", "health stream of driver %s at %s ended", plugin.driver, plugin.endpoint)

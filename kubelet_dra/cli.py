@@ -129,7 +129,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command="run"`` only what ``run`` needs.
+
+    The other tools (demo, watch, the fake driver) import the test kit and
+    YAML at module level; a sidecar that starts with ``run`` must not pay for
+    them (issue 15: about a tenth of a restart's time to ready).
+    """
     parser = _Parser(
         prog="kubelet-dra-health",
         description="The kubelet's DRA device-health pipeline: sidecar, demo and tools.",
@@ -138,9 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_flags(parser)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_run_parser(commands)
-    _add_optional_commands(commands)
-    cache.add_parser(commands)
+    if command != "run":
+        _add_optional_commands(commands)
+        cache.add_parser(commands)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (its first word that is not a flag), if any."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
 def _add_logging_flags(parser: argparse.ArgumentParser, *, repeated: bool = False) -> None:
@@ -163,7 +175,8 @@ def _add_run_parser(commands: Any) -> None:
 
 
 def _add_optional_commands(commands: Any) -> None:
-    # Each tool registers itself; imported here so `run` does not pay for them.
+    # Each tool registers itself; imported here so `run` does not pay for them
+    # (build_parser("run") leaves them out).
     from kubelet_dra.commands import demo, watch
     from kubelet_dra.testing import fakedriver
 
@@ -332,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # stderr to our own log lines unless the user asked for its verbosity.
     # Set before build_parser(), which imports grpc.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    parser = build_parser()
+    parser = build_parser(_command(sys.argv[1:] if argv is None else argv))
     ns = parser.parse_args(argv)
     configure_logging(ns.verbose, ns.log_format)
     try:

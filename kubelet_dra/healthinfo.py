@@ -43,7 +43,7 @@ from __future__ import annotations
 import collections
 import heapq
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from kubelet_dra import models
@@ -65,6 +65,15 @@ CAP_REASON = "device_cap"
 _ELLIPSIS = "..."
 
 Key = tuple[str, str]  # (pool, device) inside one driver
+Entry = tuple[models.HealthStatus, str, int, int]
+"""One reported device without its name: health, message, timeout_seconds, driver_time
+(the fields of :class:`models.DeviceReport` after its key)."""
+Entries = Mapping[Key, Entry]
+"""One report as the stream converts it (``_streams.convert``) and the cache applies it:
+each device once, keyed as the cache keys a driver's records, in report order."""
+StagedKey = tuple[str, str, str]
+"""(driver, pool, device): a :class:`models.DeviceKey` or a plain tuple equal to it
+(the hot path stages plain tuples; they hash and compare as the named tuple)."""
 
 
 class Sink(Protocol):
@@ -72,9 +81,7 @@ class Sink(Protocol):
 
     def stage(self, key: models.DeviceKey, record: models.DeviceHealth) -> None: ...
 
-    def stage_many(
-        self, records: Iterable[tuple[models.DeviceKey, models.DeviceHealth]]
-    ) -> None: ...
+    def stage_many(self, records: Iterable[tuple[StagedKey, models.DeviceHealth]]) -> None: ...
 
     def stage_delete(self, keys: Iterable[models.DeviceKey]) -> None: ...
 
@@ -111,7 +118,8 @@ class HealthCache:
         # Heap of (deadline, device) with at most one live entry per device,
         # whose deadline is in _scheduled; entries are settled lazily (_due).
         self._heap: list[tuple[float, models.DeviceKey]] = []
-        self._scheduled: dict[models.DeviceKey, float] = {}
+        # Keyed by DeviceKey; looked up with plain (driver, pool, device) tuples too.
+        self._scheduled: dict[StagedKey, float] = {}
         # Per driver, the records whose lease ran out (found by _due): the
         # candidates for deletion at that driver's next report (kubelet
         # v1.37.2 "phase 2"), so a report costs O(overdue), not O(devices).
@@ -158,17 +166,39 @@ class HealthCache:
     ) -> list[models.DeviceKey]:
         """Apply one report; return the devices whose visible state changed.
 
+        As :meth:`update_entries`, but a device named twice is applied twice,
+        in report order, as the kubelet's loop does (the last wins; a change
+        between the two counts). Streams never do that: ``_streams.convert``
+        keeps the last entry and counts a ``duplicate``.
+        """
+        items = [((r[0], r[1]), (r[2], r[3], r[4], r[5])) for r in reports]
+        return self._update(driver, items, {key for key, _ in items}, now, endpoint)
+
+    def update_entries(
+        self, driver: str, entries: Entries, *, now: float, endpoint: str = ""
+    ) -> list[models.DeviceKey]:
+        """Apply one report, already keyed; return the devices whose visible state changed.
+
         The kubelet's ``updateHealthInfo`` (v1.37.2): leases that ran out by
         ``now`` are expired first (what our deadline timer would have done);
         then each reported device is stored, except a new one while the
         driver holds :data:`MAX_DEVICES_PER_DRIVER` records (refused,
         counted, one log line for the report); then this driver's records
         whose lease ran out and that the report does not carry are deleted.
-        Within one report a device named twice counts once, the last wins.
         """
+        return self._update(driver, entries.items(), entries, now, endpoint)
+
+    def _update(
+        self,
+        driver: str,
+        items: Iterable[tuple[Key, Entry]],
+        reported: Container[Key],
+        now: float,
+        endpoint: str,
+    ) -> list[models.DeviceKey]:
         changed = dict.fromkeys(self.expire(now))
         devices = self._drivers.setdefault(driver, {})
-        refused = self._apply(driver, devices, reports, now, endpoint, changed=changed)
+        refused = self._apply(driver, devices, items, now, endpoint, changed=changed)
         if refused:
             self.refused[driver] += refused
             logger.error(
@@ -176,57 +206,73 @@ class HealthCache:
                 "ignored %d new devices (known devices are still updated)",
                 driver, MAX_DEVICES_PER_DRIVER, refused,
             )  # fmt: skip
-        self._delete_overdue(driver, reports, now)
+        self._delete_overdue(driver, reported, now)
         return list(changed)
 
     def _apply(
         self,
         driver: str,
         devices: dict[Key, models.DeviceHealth],
-        reports: Sequence[models.DeviceReport],
+        items: Iterable[tuple[Key, Entry]],
         now: float,
         endpoint: str,
         *,
         changed: dict[models.DeviceKey, None],
     ) -> int:
         """Store each reported device; return how many new ones the cap refused."""
-        # The hot path of the pipeline (every device of every report): locals
-        # and inlined checks, measured to matter at 10^5 devices a second.
-        staged: list[tuple[models.DeviceKey, models.DeviceHealth]] = []
+        # The hot path of the pipeline (every device of every report), measured
+        # to matter at 10^5 devices a second (issue 15): the report arrives
+        # keyed as `devices` is, records are built with tuple.__new__ (a named
+        # tuple's own __new__ is a Python call), old records are unpacked
+        # once, and the staged and scheduled keys are plain (driver, pool,
+        # device) tuples: a DeviceKey (also a Python-level __new__) is built
+        # only for a device that changed or needs a heap entry.
+        staged: list[tuple[StagedKey, models.DeviceHealth]] = []
+        stage = staged.append
         default, record_of, key_of = self.default_lease, models.DeviceHealth, models.DeviceKey
+        new_record = tuple.__new__
         scheduled, schedule = self._scheduled, self._schedule
+        unknown = models.HealthStatus.UNKNOWN
         refused = 0
-        for pool, device, health, message, timeout, driver_time in reports:
-            old = devices.get((pool, device))
-            # The cap counts every record held, overdue ones included: the
-            # kubelet deletes those only after storing the report.
-            if old is None and len(devices) >= MAX_DEVICES_PER_DRIVER:
-                refused += 1
-                continue
+        for key, (health, message, timeout, driver_time) in items:
+            old = devices.get(key)
             lease = float(timeout) if timeout > 0 else default
-            new = record_of(health, message, lease, now, driver_time, endpoint)
-            device_key = key_of(driver, pool, device)
-            devices[pool, device] = new
+            if old is None:
+                # The cap counts every record held, overdue ones included: the
+                # kubelet deletes those only after storing the report.
+                if len(devices) >= MAX_DEVICES_PER_DRIVER:
+                    refused += 1
+                    continue
+                visible = True
+            else:
+                old_health, old_message, old_lease, old_report, _, _ = old
+                if old_lease != lease:
+                    visible = True
+                elif now - old_report > old_lease:  # expired: it read Unknown, ""
+                    visible = health != unknown or message != ""
+                else:
+                    visible = health != old_health or message != old_message
+            new = new_record(record_of, (health, message, lease, now, driver_time, endpoint))
+            devices[key] = new
+            staged_key = (driver, *key)
             # A renewal to a later deadline needs no heap entry now (see _schedule).
-            if device_key not in scheduled or now + lease < scheduled[device_key]:
-                schedule(device_key, now + lease)
-            if old is None or old.lease != lease or _visible(old, now) != (health, message):
-                changed[device_key] = None
-            staged.append((device_key, new))
+            deadline = scheduled.get(staged_key)
+            if deadline is None or now + lease < deadline:
+                schedule(key_of(driver, *key), now + lease)
+            if visible:
+                changed[key_of(driver, *key)] = None
+            stage((staged_key, new))
         if self._sink is not None:
             self._sink.stage_many(staged)
         return refused
 
-    def _delete_overdue(
-        self, driver: str, reports: Sequence[models.DeviceReport], now: float
-    ) -> None:
+    def _delete_overdue(self, driver: str, reported: Container[Key], now: float) -> None:
         # Every overdue record was turned Unknown (and reported as changed) by
         # expire() at its deadline, so deleting it notifies nobody.
         overdue = self._overdue.pop(driver, None)
         if not overdue:
             return
         devices = self._drivers[driver]
-        reported = {(r.pool, r.device) for r in reports}
         gone = []
         for key in overdue:
             record = devices.get(key[1:])
@@ -320,10 +366,17 @@ class HealthCache:
 
     def load(self, records: Iterable[tuple[models.DeviceKey, models.DeviceHealth]]) -> None:
         """Restore records read back from the store (no sink writes)."""
+        drivers, scheduled, heap = self._drivers, self._scheduled, self._heap
         for key, record in records:
-            self._drivers.setdefault(key.driver, {})[(key.pool, key.device)] = record
+            drivers.setdefault(key.driver, {})[(key.pool, key.device)] = record
             # Unknown records too: once their lease ran out they are overdue.
-            self._schedule(key, record.deadline)
+            # As _schedule, with one heapify at the end instead of a push each.
+            deadline = record.last_report + record.lease
+            current = scheduled.get(key)
+            if current is None or deadline < current:
+                scheduled[key] = deadline
+                heap.append((deadline, key))
+        heapq.heapify(heap)
 
     def attach(self, sink: Sink) -> None:
         """Persist every later change to ``sink`` (a store opened after the cache was built).
@@ -372,13 +425,6 @@ class _Predicate(Protocol):
 
 
 _UNKNOWN_VIEW = (models.HealthStatus.UNKNOWN, "")
-
-
-def _visible(record: models.DeviceHealth, now: float) -> tuple[models.HealthStatus, str]:
-    # DeviceHealth.visible, inlined for the hot path.
-    if now - record.last_report > record.lease:
-        return _UNKNOWN_VIEW
-    return record.health, record.message
 
 
 def _expired_copy(record: models.DeviceHealth) -> models.DeviceHealth:

@@ -131,6 +131,9 @@ class DRAHealthManager:
 
     async def start(self) -> None:
         """Open the state file, start the streams, the API side or the callback, the registry."""
+        # The file first: a pod already terminated when it is first listed has
+        # its devices' health recorded at once (the writer's post-mortem), so
+        # the API side must not start before the cache holds the file.
         await self._open_store()
         await self.plugins.start()
         if self._on_status is None:
@@ -202,7 +205,8 @@ class DRAHealthManager:
         opened = await asyncio.to_thread(store.HealthStore.open, self.settings.state_dir)
         records = await asyncio.to_thread(opened.load)
         self.store = opened
-        self.cache.load(records)
+        with store.gc_paused():  # half a million acyclic objects (see store.gc_paused)
+            self.cache.load(records)
         self.cache.attach(opened)
         # Leases that ran out while we were down turn Unknown now; their pods
         # are written once the pod cache has synced (every pod is checked then).

@@ -278,14 +278,14 @@ class PluginManager:
         if converted.refused is not None:
             return []
         now = self._clock.now()
-        changed = self.cache.update(
-            status.driver, converted.reports, now=now, endpoint=status.endpoint
+        changed = self.cache.update_entries(
+            status.driver, converted.entries, now=now, endpoint=status.endpoint
         )
         status.reports += 1
         status.last_report = now
         stats = self.drivers[status.driver]
         stats.reports += 1
-        stats.device_updates += len(converted.reports)
+        stats.device_updates += len(converted.entries)
         stats.last_report = now
         self._poke_deadline()
         return changed

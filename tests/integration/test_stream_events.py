@@ -124,7 +124,7 @@ async def test_a_bug_applying_an_event_is_logged_once_and_the_stream_goes_on(
 ) -> None:
     cache, changes = healthinfo.HealthCache(), Changes()
     failures: list[int] = []
-    real_update = cache.update
+    real_update = cache.update_entries
 
     def update_failing_twice(*args: Any, **kwargs: Any) -> list[models.DeviceKey]:
         if len(failures) < 2:
@@ -132,7 +132,7 @@ async def test_a_bug_applying_an_event_is_logged_once_and_the_stream_goes_on(
             raise RuntimeError("bug")
         return real_update(*args, **kwargs)
 
-    monkeypatch.setattr(cache, "update", update_failing_twice)
+    monkeypatch.setattr(cache, "update_entries", update_failing_twice)
     manager = plugins.PluginManager(
         cache, settings=make_settings(), clock=fake_clock, on_change=changes
     )

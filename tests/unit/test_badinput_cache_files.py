@@ -12,6 +12,7 @@ and a default-page-size file, at every offset.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -206,6 +207,13 @@ def test_schema_versions(tmp_path: pathlib.Path, version: object, accepted: bool
     assert len(records) == (5 if accepted else 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class _RawValue:
+    """A stored value given as text (or NULL), not as an object to encode."""
+
+    text: str | None
+
+
 @pytest.mark.parametrize(
     "row",
     [
@@ -216,12 +224,22 @@ def test_schema_versions(tmp_path: pathlib.Path, version: object, accepted: bool
                       "lease": 30, "last_report": 1}, id="bad-enum"),
         pytest.param({"v": 1, "driver": "drv", "pool": "p", "device": "x", "health": "Healthy",
                       "lease": -1, "last_report": 1}, id="negative-lease"),
+        # The bulk load joins values as text: one that is not exactly one
+        # object must not read as two records, or vanish unnoticed.
+        pytest.param(_RawValue('{"v": 1, "driver": "drv", "pool": "p", "device": "x", '
+                               '"health": "Healthy", "lease": 30, "last_report": 1},'
+                               '{"v": 1, "driver": "drv", "pool": "p", "device": "y", '
+                               '"health": "Healthy", "lease": 30, "last_report": 1}'),
+                     id="two-objects-in-one-value"),
+        pytest.param(_RawValue(None), id="null-value"),
+        pytest.param(_RawValue(""), id="empty-value"),
     ],
 )  # fmt: skip
 def test_bad_rows_are_skipped_and_counted(tmp_path: pathlib.Path, row: object) -> None:
     _valid_file(tmp_path, page_size=None)
     conn = sqlite3.connect(tmp_path / store.FILE_NAME)
-    conn.execute('INSERT INTO "devices" (key, value) VALUES (?, ?)', ("bad", json.dumps(row)))
+    value = row.text if isinstance(row, _RawValue) else json.dumps(row)
+    conn.execute('INSERT INTO "devices" (key, value) VALUES (?, ?)', ("bad", value))
     conn.commit()
     conn.close()
     db, records = _open_checked(tmp_path)

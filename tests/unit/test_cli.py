@@ -11,6 +11,8 @@ import json
 import logging
 import pathlib
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -382,3 +384,21 @@ def test_taint_effect_choices(capsys: pytest.CaptureFixture[str]) -> None:
         parse("--taint-effect", "PreferNoSchedule")
     assert exited.value.code == 2
     assert "(choose from 'off', 'None', 'NoSchedule', 'NoExecute')" in capsys.readouterr().err
+
+
+def test_run_parses_the_same_without_the_other_tools() -> None:
+    argv = ["-v", "run", "--node-name", "n1", "--api-qps", "7", "--log-format", "json"]
+    assert cli._command(argv) == "run"
+    assert vars(cli.build_parser("run").parse_args(argv)) == vars(
+        cli.build_parser().parse_args(argv)
+    )
+
+
+def test_the_run_parser_does_not_import_the_test_kit() -> None:
+    # A sidecar start must not pay for the demo's and fake driver's imports.
+    code = (
+        "import sys; from kubelet_dra import cli; cli.build_parser('run'); "
+        "print(sorted(m for m in sys.modules if m.startswith(('kubelet_dra.testing', 'yaml'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -275,3 +275,82 @@ def test_a_failed_flush_keeps_staged_deletions(tmp_path: pathlib.Path) -> None:
     again = store.HealthStore.open(tmp_path)
     assert again.load() == []
     again.close()
+
+
+# -- the flush and load formats (issue 15) --------------------------------------------
+
+# The statement every flush used before issue 15: a JSON array of [key, value]
+# pairs through json_each, the key's text rendered by SQLite's json_extract.
+_OLD_UPSERT = (
+    'REPLACE INTO "devices" (key, value) '
+    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?)"
+)
+ODD_NAMES = [("drv", "pool", "dev-1"), ("gpu.example.com", "pöol/1", 'dev\x00 ☃ "q"\\\n\t')]
+
+
+@pytest.mark.parametrize("names", ODD_NAMES, ids=["plain", "escapes"])
+def test_a_row_of_the_json_each_format_is_updated_in_place_and_deleted(
+    tmp_path: pathlib.Path, names: tuple[str, str, str]
+) -> None:
+    key = models.DeviceKey(*names)
+    old = models.DeviceHealth(H.UNHEALTHY, "old", 30.0, T0)
+    db = store.HealthStore.open(tmp_path)
+    assert db._db is not None
+    payload = json.dumps([[list(key), store._value(key, old)]], ensure_ascii=False)
+    db._db.conn.execute(_OLD_UPSERT, (payload,))
+    db._db.conn.select_one("COMMIT")
+    new = models.DeviceHealth(H.HEALTHY, "new ✓", 12.5, T0 + 0.1, 7, "/e")
+    db.stage(key, new)
+    db.flush()
+    assert db.load() == [(key, new)]  # the same row, not a second one
+    db.stage_delete([key])
+    db.flush()
+    assert db.load() == []
+    db.close()
+
+
+def test_plain_tuple_keys_stage_as_device_keys(tmp_path: pathlib.Path) -> None:
+    db = store.HealthStore.open(tmp_path)
+    record = models.DeviceHealth(H.HEALTHY, "", 30.0, T0)
+    db.stage(models.DeviceKey("drv", "p", "d"), record._replace(message="first"))
+    db.stage_many([(("drv", "p", "d"), record)])  # the hot path stages plain tuples
+    assert db.pending == 1
+    db.flush()
+    assert db.load() == [(models.DeviceKey("drv", "p", "d"), record)]
+    db.close()
+
+
+_GOOD = {"v": 1, "driver": "d", "pool": "p", "device": "x", "health": "Healthy",
+         "lease": 30, "last_report": 1.5}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        _GOOD,
+        {**_GOOD, "message": "m", "driver_time": 3, "endpoint": "/e", "extra": 1},
+        {**_GOOD, "v": 2},
+        {**_GOOD, "v": "1"},
+        {**_GOOD, "lease": 0},
+        {**_GOOD, "lease": "30"},
+        {**_GOOD, "health": "Bad"},
+        {**_GOOD, "health": "Unknown"},
+        {**_GOOD, "message": "x" * 4097},
+        {**_GOOD, "message": None},
+        {**_GOOD, "driver_time": 1.5},
+        {k: v for k, v in _GOOD.items() if k != "pool"},
+        {k: v for k, v in _GOOD.items() if k != "last_report"},
+    ],
+)
+def test_the_bulk_row_schema_agrees_with_stored_device(value: dict[str, object]) -> None:
+    text = json.dumps(value)
+    try:
+        expected: object = store.StoredDevice.model_validate_json(text).to_record()
+    except ValueError:
+        expected = "rejected"
+    try:
+        [row] = store._ROWS.validate_json(f"[{text}]")
+        got: object = store._record_of(row)
+    except ValueError:
+        got = "rejected"
+    assert got == expected
