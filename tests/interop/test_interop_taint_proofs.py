@@ -34,8 +34,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kubelet_dra.testing import eventually_sync
+from tests.conftest import interop_binary
 
-from . import _build
 from . import _controlplane as cp
 from ._apiserver import KubeApiServer, start_kube_apiserver
 from ._cluster import RealCluster, SidecarProcess, condition
@@ -50,15 +50,6 @@ DriverFactory = Callable[..., DriverProcess]
 Obj = dict[str, Any]
 
 
-def _binary(name: str) -> Path:
-    try:
-        return _build.ensure(name)
-    except _build.BuildUnavailable as exc:
-        pytest.skip(f"interop: {name} unavailable: {exc.reason}")
-    except _build.BuildFailed as exc:
-        pytest.fail(f"interop: building {name} failed: {exc}", pytrace=False)
-
-
 @pytest.fixture(scope="module")
 def control_plane(
     kube_apiserver_factory: Callable[..., KubeApiServer], tmp_path_factory: pytest.TempPathFactory
@@ -66,8 +57,8 @@ def control_plane(
     server = kube_apiserver_factory()
     controllers = cp.start_controllers(
         server,
-        scheduler_bin=_binary("kube-scheduler"),
-        manager_bin=_binary("kube-controller-manager"),
+        scheduler_bin=interop_binary("kube-scheduler"),
+        manager_bin=interop_binary("kube-controller-manager"),
         workdir=tmp_path_factory.mktemp("controllers"),
     )
     try:
@@ -465,8 +456,8 @@ def failed_status() -> Obj:
 def own_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApiServer]:
     """A server of this test alone: it is stopped and started again."""
     server = start_kube_apiserver(
-        etcd_bin=_binary("etcd"),
-        apiserver_bin=_binary("kube-apiserver"),
+        etcd_bin=interop_binary("etcd"),
+        apiserver_bin=interop_binary("kube-apiserver"),
         workdir=tmp_path_factory.mktemp("outage-apiserver"),
         feature_gates={"ResourceHealthStatus": True},
     )
