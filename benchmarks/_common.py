@@ -462,38 +462,51 @@ class DriverProcess:
 def patch_floor(api: Any, samples: int) -> list[float]:
     """One raw PATCH of a pod status (http.client, persistent connection): seconds from
     send to the API stand-in logging it, the same end point the pipeline is timed to."""
-    import http.client
-
     from kubelet_dra.testing import make_pod
 
     api.create_pod(make_pod("floor-pod", "node-floor", namespace="floor"))
     uid = api.get_pod("floor", "floor-pod")["metadata"]["uid"]
+    bodies = (
+        json.dumps({
+            "metadata": {"uid": uid},
+            "status": {"conditions": [{
+                "type": "DeviceHealthy", "status": "True" if k % 2 else "False",
+                "reason": "Bench", "message": f"sample {k}",
+            }]},
+        })
+        for k in range(samples)
+    )  # fmt: skip
+    return time_raw_patches(
+        api, "floor-pod", "application/strategic-merge-patch+json", bodies, "raw PATCH"
+    )
+
+
+def time_raw_patches(
+    api: Any, pod: str, content_type: str, bodies: Iterable[str], what: str
+) -> list[float]:
+    """Send each body as a PATCH of pod ``floor/<pod>``'s status on one persistent
+    http.client connection: seconds from send to the API stand-in logging it."""
+    import http.client
+
     host, port = api.url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port))
     headers = {
-        "Content-Type": "application/strategic-merge-patch+json",
+        "Content-Type": content_type,
         "Authorization": f"Bearer {api.token}",
         "Accept": "application/json",
     }
-    path = "/api/v1/namespaces/floor/pods/floor-pod/status?fieldManager=bench"
+    path = f"/api/v1/namespaces/floor/pods/{pod}/status?fieldManager=bench"
     found: list[float] = []
     try:
-        for k in range(samples):
-            body = {
-                "metadata": {"uid": uid},
-                "status": {"conditions": [{
-                    "type": "DeviceHealthy", "status": "True" if k % 2 else "False",
-                    "reason": "Bench", "message": f"sample {k}",
-                }]},
-            }  # fmt: skip
+        for body in bodies:
             api.reset_log()
             sent = time.time()
-            conn.request("PATCH", path, json.dumps(body), headers)
+            conn.request("PATCH", path, body, headers)
             response = conn.getresponse()
             response.read()
             if response.status != 200:
-                raise CheckFailed(f"raw PATCH answered {response.status}")
-            [record] = [r for r in api.requests if r.path.endswith("floor-pod/status")]
+                raise CheckFailed(f"{what} answered {response.status}")
+            [record] = [r for r in api.requests if r.path.endswith(f"{pod}/status")]
             found.append(record.timestamp - sent)
     finally:
         conn.close()

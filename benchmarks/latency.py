@@ -153,35 +153,15 @@ def _floor_pod(api: FakeApiServer, name: str, first_device: int) -> tuple[str, s
 def _writer_patch_reference(api: FakeApiServer, samples: int) -> list[float]:
     """Seconds from send to the stand-in logging it, for the writer's kind of PATCH
     sent raw on a persistent http.client connection (as the floor's PATCH is)."""
-    import http.client
     import json
 
     uid, ref, devices = _floor_pod(api, "ref-pod", 900_000)
-    host, port = api.url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port))
-    headers = {
-        "Content-Type": "application/json-patch+json",
-        "Authorization": f"Bearer {api.token}",
-        "Accept": "application/json",
-    }
-    path = "/api/v1/namespaces/floor/pods/ref-pod/status?fieldManager=bench"
-    found: list[float] = []
-    try:
-        for k in range(samples):
-            ops = _writer_ops(uid, ref, devices, k % DEVICES_PER_POD)
-            api.reset_log()
-            sent = time.time()
-            conn.request("PATCH", path, json.dumps(ops), headers)
-            response = conn.getresponse()
-            response.read()
-            if response.status != 200:
-                raise c.CheckFailed(f"reference PATCH answered {response.status}")
-            [record] = [r for r in api.requests if r.path.endswith("ref-pod/status")]
-            found.append(record.timestamp - sent)
-    finally:
-        conn.close()
-        api.reset_log()
-    return found
+    bodies = (
+        json.dumps(_writer_ops(uid, ref, devices, k % DEVICES_PER_POD)) for k in range(samples)
+    )
+    return c.time_raw_patches(
+        api, "ref-pod", "application/json-patch+json", bodies, "reference PATCH"
+    )
 
 
 def _relay_bodies(api: FakeApiServer, name: str) -> list[str]:
