@@ -35,14 +35,8 @@ TWIN_DIR = Path(__file__).resolve().parent / "twin"
 #: The upstream lines, oldest first (the newest patch of each minor, then the beta).
 LINES: tuple[str, ...] = ("v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2", "v1.38.0-beta.0")
 
-#: Module directory per line (tests/conformance/twin/<dir>).
-LINE_DIRS: dict[str, str] = {
-    "v1.34.4": "v134",
-    "v1.35.4": "v135",
-    "v1.36.3": "v136",
-    "v1.37.2": "v137",
-    "v1.38.0-beta.0": "v138",
-}
+#: Module directory per line (tests/conformance/twin/<dir>): "v1.37.2" -> "v137".
+LINE_DIRS: dict[str, str] = {v: "v" + "".join(v[1:].split(".")[:2]) for v in LINES}
 
 #: Lines whose go directive is newer than the installed Go: the toolchain they build with.
 TOOLCHAINS: dict[str, str] = {"v1.38.0-beta.0": "go1.27.3"}
