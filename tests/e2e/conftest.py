@@ -180,7 +180,13 @@ class NodeSetup:
         return _dra.wait(lambda: (p := self.pod(name)) and _dra.phase(p) == "Running" and p,
                          timeout, f"pod {name} Running")  # fmt: skip
 
-    def sidecar(self, mode: str, *flags: str, state_dir: Path | None = None) -> SidecarProcess:
+    def sidecar(
+        self,
+        mode: str,
+        *flags: str,
+        state_dir: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> SidecarProcess:
         kubeconfig = self.server.write_kubeconfig(
             self.workdir / "sidecar.kubeconfig", self.server.tokens[SIDECAR_USER], SIDECAR_USER
         )
@@ -188,6 +194,7 @@ class NodeSetup:
             node=self.kubelet.node, kubeconfig=kubeconfig, registry=self.kubelet.registry,
             state_dir=state_dir or self.workdir / "sidecar-state",
             flags=("--container-status", mode, *sidecar_flags(self.kubelet), *flags),
+            env=env,
         )  # fmt: skip
         self.sidecars.append(process)
         return process.__enter__()
