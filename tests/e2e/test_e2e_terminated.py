@@ -9,12 +9,14 @@ health the devices had when the pod failed, even after the device recovers.
 
 from __future__ import annotations
 
+import time
+
 from tests.e2e import _dra
 
 CDI = f"{_dra.DRIVER}/gpu=gpu-0"
 
 
-def test_failed_pod_keeps_its_failure_time_health(node_setup):
+def test_failed_pod_keeps_its_failure_time_health(node_setup, audit):
     world = node_setup(gate=True)
     sidecar = world.sidecar("auto")
     world.create_pod("job", ["gpu-0"])
@@ -26,6 +28,7 @@ def test_failed_pod_keeps_its_failure_time_health(node_setup):
                   "our condition False")  # fmt: skip
     world.kubelet.exit_container(world.namespace, "job", _dra.CONTAINER, 1)
     _dra.wait(lambda: _dra.phase(world.pod("job")) == "Failed", 60, "the pod Failed")
+    failed_at = time.time()
     at_failure = _dra.field(world.pod("job"))
     # The device recovers; a new report reaches both the kubelet and us.
     world.flip("gpu-0", "HEALTHY", "recovered")
@@ -39,6 +42,12 @@ def test_failed_pod_keeps_its_failure_time_health(node_setup):
     failed = world.pod("job")
     print(f"\nthe kubelet's field at failure: {at_failure}")
     print(f"the kubelet's field after recovery: {_dra.field(failed)}")
+    kubelet = f"system:node:{world.kubelet.node}"
+    after = [
+        w for w in audit.writes(world.namespace, "job") if w.user == kubelet and w.at > failed_at
+    ]
+    print(f"the kubelet's status writes of the failed pod in the {time.time() - failed_at:.0f}s "
+          f"after it failed: {len(after)}")  # fmt: skip
     cond = _dra.condition(failed)
     assert cond is not None and cond["status"] == "False", cond
     assert "fallen off the bus" in cond.get("message", "")
