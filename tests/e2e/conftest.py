@@ -131,7 +131,7 @@ def kubelet_on(
             workdir=Path(tempfile.mkdtemp(prefix=f"e2e-{line}-")),
             spec=_node.KubeletSpec(
                 line=line,
-                gates=_gates(gate),
+                gates=_gates(line, gate),
                 node=node_name(line, gate),
             ),
         )
@@ -145,9 +145,17 @@ def kubelet_on(
         shutil.rmtree(kubelet.workdir, ignore_errors=True)
 
 
-def _gates(on: bool) -> dict[str, bool]:
-    # The message gate depends on the health gate: off together.
-    return {"ResourceHealthStatus": on, "ResourceHealthStatusMessage": on}
+#: Lines that know the ResourceHealthStatusMessage gate (added in 1.36; a kubelet refuses a
+#: gate it does not know).
+MESSAGE_GATE_LINES = frozenset({"1.37", "1.38"})
+
+
+def _gates(line: str, on: bool) -> dict[str, bool]:
+    gates = {"ResourceHealthStatus": on}
+    if line in MESSAGE_GATE_LINES:
+        # The message gate depends on the health gate: off together.
+        gates["ResourceHealthStatusMessage"] = on
+    return gates
 
 
 @dataclasses.dataclass
