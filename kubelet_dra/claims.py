@@ -220,18 +220,21 @@ def device_name(key: models.DeviceKey, kubelet_id: str, resource_id: str = "") -
     """``<driver>/<pool>/<device>``, with the kubelet's ``resourceID`` where it differs.
 
     ``gpu.example.com/node/gpu-0 (as vendor.com/gpu=gpu0)``; where our
-    ``resourceID`` differs from the kubelet's too (devices that share their
-    first CDI ID), ``... (as vendor.com/tpu=common, ours vendor.com/tpu=chip1)``.
-    One form everywhere a device is named: the pod condition, Events, taint
-    rules and ``cache show`` (``docs/pod-status.md``).
+    ``resourceID`` differs from the kubelet's (the kubelet's is shared by
+    several devices of the claim), both:
+    ``... (as vendor.com/tpu=common, ours vendor.com/tpu=chip1)``. So ``ours``
+    appears exactly when the kubelet's ID names more than this device. One
+    form everywhere a device is named: the pod condition, Events, taint rules
+    and ``cache show`` (``docs/pod-status.md``); ``kubectl dra-health`` reads it
+    back from the condition.
     """
     plain = str(key)
     resource_id = resource_id or kubelet_id
-    if kubelet_id == plain:
-        return plain if resource_id == plain else f"{plain} (ours {resource_id})"
-    if resource_id in (kubelet_id, plain):
+    if resource_id != kubelet_id:
+        return f"{plain} (as {kubelet_id}, ours {resource_id})"
+    if kubelet_id != plain:
         return f"{plain} (as {kubelet_id})"
-    return f"{plain} (as {kubelet_id}, ours {resource_id})"
+    return plain
 
 
 # -- pure helpers on plain dicts ------------------------------------------------

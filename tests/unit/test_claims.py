@@ -238,7 +238,9 @@ def test_the_index_names_devices_of_api_and_prepared_claims() -> None:
     assert index.resource_ids(key) == ("x=common", "x=0")
     assert index.device_name(key) == "tpu.google.com/pool/c0 (as x=common, ours x=0)"
     other = models.DeviceKey("tpu.google.com", "pool", "c1")
-    assert index.device_name(other) == "tpu.google.com/pool/c1 (as x=common)"
+    assert index.device_name(other) == (
+        "tpu.google.com/pool/c1 (as x=common, ours tpu.google.com/pool/c1)"
+    )
     unknown = models.DeviceKey("d", "p", "x")
     assert index.device_name(unknown) == "d/p/x"
 
@@ -249,7 +251,7 @@ def test_the_index_names_devices_of_api_and_prepared_claims() -> None:
         ("d/p/x", "", "d/p/x"),
         ("d/p/x", "d/p/x", "d/p/x"),
         ("vendor.com/gpu=gpu0", "", "d/p/x (as vendor.com/gpu=gpu0)"),
-        ("vendor.com/gpu=gpu0", "d/p/x", "d/p/x (as vendor.com/gpu=gpu0)"),
+        ("vendor.com/gpu=all", "d/p/x", "d/p/x (as vendor.com/gpu=all, ours d/p/x)"),
         ("v.com/tpu=common", "v.com/tpu=1", "d/p/x (as v.com/tpu=common, ours v.com/tpu=1)"),
     ],
 )
