@@ -86,12 +86,8 @@ MAX_BYTES = 64 * 1024 * 1024
 """A larger file is refused unread: a node's claims take kilobytes, not this."""
 
 
-class CheckpointError(errors.KubeletDraError):
-    """A checkpoint file that cannot be used; ``reason`` is one of :data:`REASONS`."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+CheckpointError = errors.CheckpointError
+"""A checkpoint file that cannot be used; ``reason`` is one of :data:`REASONS`."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

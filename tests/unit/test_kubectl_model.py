@@ -78,7 +78,8 @@ def test_our_condition_maps_cdi_ids_to_devices() -> None:
 
 def test_a_kubelet_id_two_devices_claim_is_shared_and_odd_text_names_nothing() -> None:
     view = _tpu_pod("Unhealthy devices: d/p/a (as v/x=all) (claim c); d/p/b (as v/x=all) (claim c)")
-    assert (view.named, view.shared) == ({}, {"v/x=all"})
+    assert dict(view.named) == {}
+    assert view.shared == frozenset({"v/x=all"})
     assert model.condition_names("All 4 devices are healthy") == ({}, frozenset())
     assert model.condition_names("d/p (as x) junk (as y, ours z") == ({}, frozenset())
 
