@@ -60,6 +60,7 @@ class State:
     last_report: Mapping[str, float] = dataclasses.field(default_factory=dict)
     refused: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     registrations_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    checkpoint_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
     devices: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     lease_expiries: int = 0
     pod_writes: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -170,7 +171,14 @@ def _driver_metrics(state: State) -> Iterator[core.Metric]:
     )
     for reason, count in state.registrations_refused.items():
         registrations.add_metric([reason], count)
-    yield from (reports, updates, age, refused, registrations)
+    checkpoint = _counter(
+        "checkpoint_refused",
+        "Reads of the kubelet's DRA checkpoint (dra_manager_state) refused, by reason.",
+        ["reason"],
+    )
+    for reason, count in state.checkpoint_refused.items():
+        checkpoint.add_metric([reason], count)
+    yield from (reports, updates, age, refused, registrations, checkpoint)
 
 
 def _device_metrics(state: State) -> Iterator[core.Metric]:

@@ -10,9 +10,11 @@ are), each claim entry becomes one ``ResourceStatus``:
 - its ``resources`` are rebuilt from scratch: one ``ResourceHealth`` per
   device the claim entry sees (the request filter of ``claims``), with
   ``resourceID`` the device's first CDI device ID, else
-  ``<driver>/<pool>/<device>``; ``health`` ``Healthy``, ``Unhealthy`` or
-  ``Unknown``; ``message`` only when non-empty; duplicates by ``resourceID``
-  dropped;
+  ``<driver>/<pool>/<device>``, except that devices of one claim sharing
+  their first CDI ID each get an ID of their own where the kubelet would
+  show one of them (``claims.own_resource_ids``); ``health`` ``Healthy``,
+  ``Unhealthy`` or ``Unknown``; ``message`` only when non-empty; duplicates
+  by ``resourceID`` dropped;
 - an entry left with no resources is removed; entries of unresolved claims
   and entries we do not produce (device plugins) are kept untouched;
 - the list is sorted as the kubelet v1.38 sorts it: each entry's
@@ -85,6 +87,12 @@ class DeviceState:
     claim_ref: str
     health: models.HealthStatus
     message: str
+    kubelet_id: str = ""  # the kubelet's resourceID; "" means resource_id
+
+    @property
+    def name(self) -> str:
+        """How messages name the device: ``<driver>/<pool>/<device> (as <kubelet's ID>)``."""
+        return claims.device_name(self.key, self.kubelet_id or self.resource_id, self.resource_id)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -170,7 +178,9 @@ def pod_device_states(
         for device in _claim_devices(pod, index, ref) or ():
             if device.key not in seen:
                 health, message = view(device.key)
-                seen[device.key] = DeviceState(device.key, device.resource_id, ref, health, message)
+                seen[device.key] = DeviceState(
+                    device.key, device.resource_id, ref, health, message, device.kubelet_id
+                )
     return tuple(seen.values())
 
 
@@ -453,6 +463,6 @@ def _claim_devices(
 def _describe(states: Sequence[DeviceState]) -> str:
     parts = []
     for s in states:
-        part = f"{s.key} (claim {s.claim_ref})"
+        part = f"{s.name} (claim {s.claim_ref})"
         parts.append(f"{part}: {s.message}" if s.message else part)
     return "; ".join(parts)

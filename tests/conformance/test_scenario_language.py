@@ -24,6 +24,7 @@ DELIBERATE = (
     "notify-at-stream-end",
     "message-char-boundary",
     "no-dropped-notifications",
+    "own-resource-ids",
 )
 
 

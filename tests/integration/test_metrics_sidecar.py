@@ -30,6 +30,8 @@ FAMILIES = {
     "kubelet_dra_refused": "counter",
     # issue 11: registrations refused by validation (kubelet v1.38), by reason
     "kubelet_dra_registrations_refused": "counter",
+    # issue 19: reads of the kubelet's DRA checkpoint refused, by reason
+    "kubelet_dra_checkpoint_refused": "counter",
     # devices by health, lease expiries
     "kubelet_dra_devices": "gauge",
     "kubelet_dra_lease_expiries": "counter",
