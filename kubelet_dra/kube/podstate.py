@@ -310,7 +310,7 @@ def kubelet_verdict(written: Written | None, pod: Obj, desired: podstatus.Desire
         if now == before:
             continue
         changed = True
-        ours = {name for name, _ in before}
+        ours = {name for name, _ in before} & set(desired.containers.get(key) or ())
         if not ours or podjson.find_named(podjson.items(status, key[0]), key[1]) is None:
             continue  # nothing of ours there, or the container is not listed: no evidence
         if ours & {name for name, _ in now}:

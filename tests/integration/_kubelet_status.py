@@ -105,7 +105,7 @@ class KubeletStatusManager:
 
     def _read(self, namespace: str, name: str) -> Obj:
         answer = self._core.read_namespaced_pod(name, namespace, _preload_content=False)
-        pod: Obj = json.loads(answer.data)
+        pod: Obj = json.loads(answer.data)  # type: ignore[attr-defined]  # a raw response
         return pod
 
     def _merge_pod_status(self, pod: Obj, old: Obj) -> Obj:

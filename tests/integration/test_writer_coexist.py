@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -233,7 +234,7 @@ async def test_on_rewrites_a_removed_field_with_a_per_pod_backoff_over_an_hour()
     assert cond["status"] == "False"  # the condition never needed a rewrite
 
 
-def _rv(pod: dict[str, Any]) -> int:
+def _rv(pod: Mapping[str, Any]) -> int:
     return int((pod.get("metadata") or {}).get("resourceVersion") or 0)
 
 
