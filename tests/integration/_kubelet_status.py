@@ -47,6 +47,7 @@ class KubeletStatusManager:
         flip_ready: bool = False,
         touch: bool = False,
         keep_field: bool = False,
+        node: str = "node-1",
     ) -> None:
         """``entries`` ``None``: the gate is off (no field). ``touch``: a field of its own
         (``restartCount``) changes at each reconcile. ``keep_field``: not a kubelet but
@@ -56,6 +57,7 @@ class KubeletStatusManager:
         self.flip_ready = flip_ready
         self.touch = touch
         self.keep_field = keep_field
+        self.node = node
         self.writes = 0
         self.patches: list[Obj] = []
         self._client = server.api_client()
@@ -78,9 +80,11 @@ class KubeletStatusManager:
         return True
 
     def reconcile_all(self, namespace: str = "default") -> int:
-        """One ``syncBatch`` over every pod of ``namespace``; the writes it made."""
+        """One ``syncBatch`` over this node's pods in ``namespace``; the writes it made."""
         return sum(
-            self.reconcile(namespace, p["metadata"]["name"]) for p in self.server.list_pods()
+            self.reconcile(namespace, p["metadata"]["name"])
+            for p in self.server.list_pods(namespace)
+            if (p.get("spec") or {}).get("nodeName") == self.node
         )
 
     @contextlib.asynccontextmanager
