@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -232,3 +233,12 @@ async def test_cap_and_refused_registrations_are_counted(
             assert found.value("kubelet_dra_registrations_refused_total", reason="driver_name") == 1
             assert found.value("kubelet_dra_devices", driver=DRIVER, health="Healthy") == cap
         assert bad.calls["NodeWatchResources/v1"] == 0  # never streamed from
+
+
+def test_the_metrics_table_of_the_docs_lists_every_family() -> None:
+    # docs/sidecar.md names counters with the _total suffix of the exposition format.
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "sidecar.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z_]+)` \| (?:gauge|counter|histogram) \|", text, re.M))
+    for family, kind in FAMILIES.items():
+        name = family.removeprefix("kubelet_dra_") + ("_total" if kind == "counter" else "")
+        assert name in documented, f"{name} is not in the metrics table of docs/sidecar.md"
