@@ -29,6 +29,7 @@ H = h.H
 AUTO, ON, OFF = (settings.ContainerStatusMode(m) for m in ("auto", "on", "off"))
 LEAVING = "leaving that field to it"
 PERIOD = 0.05  # the test kubelet's reconcile period (the real one: 10 s)
+REMOVES = "KubeletRemovesResourceHealth"  # a contract: checks outside this repository use it
 
 
 def _field_writes(server: fakeapi.FakeApiServer, name: str | None = None) -> int:
@@ -65,7 +66,7 @@ async def test_auto_stops_the_field_on_the_node_when_the_kubelet_removes_it(
             t.report("gpu-0", H.UNHEALTHY, "ECC error")
             await eventually(lambda: t.writer.stats.kubelet_removes, timeout=10)
             at_detection = _field_writes(t.server, "p1")
-            await eventually(lambda: _node_reasons(t.server) == [gates.KUBELET_REMOVES_REASON])
+            await eventually(lambda: _node_reasons(t.server) == [REMOVES])
             # A pod that arrives later on the node never gets the field.
             t.pod_with_gpu("p2", "gpu-1")
             t.report("gpu-1", H.UNHEALTHY, "fan")
@@ -80,7 +81,8 @@ async def test_auto_stops_the_field_on_the_node_when_the_kubelet_removes_it(
         assert t.entries("p1") == [] and t.entries("p2") == []
         assert t.writer.stats.kubelet_owned_pods == 0  # not "the kubelet writes it"
         assert t.writer.stats.field_removals == 1
-        assert _node_reasons(t.server) == [gates.KUBELET_REMOVES_REASON]  # once
+        assert _node_reasons(t.server) == [REMOVES]  # once
+        assert gates.KUBELET_REMOVES_REASON == REMOVES
     said = [r.getMessage() for r in caplog.records if "ResourceHealthStatus" in r.getMessage()]
     assert len(said) == 1 and "removes" in said[0] and "pod condition DeviceHealthy" in said[0]
     assert not [r for r in caplog.records if LEAVING in r.getMessage()]
@@ -105,7 +107,7 @@ async def test_auto_leaves_the_field_to_a_kubelet_that_writes_its_own_entries(
         assert t.healths("p1") == {f"{h.DRV}/gpu=p1-dev": "Healthy"}  # the kubelet's
         assert _field_writes(t.server, "p1") == at_detection <= 2
         assert not t.writer.stats.kubelet_removes and t.writer.stats.field_removals == 0
-        assert gates.KUBELET_REMOVES_REASON not in _node_reasons(t.server)
+        assert REMOVES not in _node_reasons(t.server)
     assert [r for r in caplog.records if LEAVING in r.getMessage()]
 
 
@@ -177,7 +179,7 @@ async def test_off_ignores_a_kubelet_that_removes_nothing_of_ours() -> None:
             await h.settled(t)
         assert _field_writes(t.server) == 0
         assert not t.writer.stats.kubelet_removes
-        assert gates.KUBELET_REMOVES_REASON not in _node_reasons(t.server)
+        assert REMOVES not in _node_reasons(t.server)
 
 
 # -- ``on`` beside a kubelet that removes the field: a per-pod backoff, on the fake clock --
