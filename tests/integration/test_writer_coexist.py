@@ -88,6 +88,31 @@ async def test_auto_stops_the_field_on_the_node_when_the_kubelet_removes_it(
     assert not [r for r in caplog.records if LEAVING in r.getMessage()]
 
 
+async def test_removals_on_several_pods_are_counted_each_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="kubelet_dra")
+    async with h.running(container_status=AUTO) as t:
+        for n in range(3):
+            t.pod_with_gpu(f"p{n}", f"gpu-{n}")
+        await eventually(lambda: t.pods.claims_synced)
+        for n in range(3):
+            t.report(f"gpu-{n}", H.UNHEALTHY)
+        await eventually(lambda: all(t.healths(f"p{n}") for n in range(3)))
+        await h.settled(t)
+        kubelet = KubeletStatusManager(t.server)  # gate off: removes all three
+        assert kubelet.reconcile_all() == 3
+        await eventually(lambda: t.writer.stats.field_removals == 3)
+        await eventually(lambda: _node_reasons(t.server) == [REMOVES])
+        await h.settled(t)
+        kubelet.close()
+        (event,) = [e for e in t.server.events() if e["reason"] == REMOVES]
+        assert event["count"] == 1 and event["type"] == "Warning"
+        assert "ResourceHealthStatus feature gate is off" in event["message"]
+    said = [r for r in caplog.records if r.name == "kubelet_dra.kube.gates"]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+
+
 async def test_auto_leaves_the_field_to_a_kubelet_that_writes_its_own_entries(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -122,10 +147,7 @@ async def test_auto_keeps_writing_the_field_when_nobody_touches_it() -> None:
             await eventually(lambda: t.healths("p1") == want)  # noqa: B023
             await h.settled(t)
             # Restart counts and readiness change; our field is sent back as it was.
-            kubelet.reconcile("default", "p1")
-            rv = _rv(t.server.get_pod("default", "p1"))
-            await eventually(lambda: _rv(t.pods.get(_uid(t, "p1")) or {}) >= rv)  # noqa: B023
-            await h.settled(t)
+            await _reconciled(t, kubelet, "p1")
         kubelet.close()
         assert _field_writes(t.server, "p1") >= 3
         assert not t.writer.stats.kubelet_removes and t.writer.stats.kubelet_owned_pods == 0
@@ -134,16 +156,29 @@ async def test_auto_keeps_writing_the_field_when_nobody_touches_it() -> None:
 async def test_a_field_the_api_server_drops_is_not_taken_for_the_kubelet() -> None:
     async with h.running(container_status=AUTO) as t:
         t.server.health_gate = False
-        kubelet = KubeletStatusManager(t.server)  # gate off too
-        async with kubelet.running(PERIOD):
-            t.pod_with_gpu("p1", "gpu-0")
-            await eventually(lambda: t.pods.claims_synced)
-            t.report("gpu-0", H.UNHEALTHY)
-            await eventually(lambda: t.writer.stats.gate_off)
-            await eventually(lambda: kubelet.writes >= 1 or kubelet.reconcile_all() == 0)
-            await h.settled(t)
+        kubelet = KubeletStatusManager(t.server, touch=True)  # gate off, restart counts move
+        t.pod_with_gpu("p1", "gpu-0")
+        await eventually(lambda: t.pods.claims_synced)
+        t.report("gpu-0", H.UNHEALTHY)
+        await eventually(lambda: t.writer.stats.gate_off)
+        for health in (H.HEALTHY, H.UNHEALTHY, H.HEALTHY):
+            await _reconciled(t, kubelet, "p1")  # later versions from someone else, no field
+            t.report("gpu-0", health)
+            await eventually(lambda: (t.condition("p1") or {}).get("status") == _STATUS[health])  # noqa: B023
+        kubelet.close()
         assert not t.writer.stats.kubelet_removes and t.writer.stats.field_removals == 0
         assert _node_reasons(t.server) == ["ResourceHealthStatusDisabled"]
+
+
+async def _reconciled(t: h.Harness, kubelet: KubeletStatusManager, name: str) -> None:
+    """One kubelet reconcile of ``name``, seen by the writer, and the writer settled."""
+    kubelet.reconcile("default", name)
+    rv = _rv(t.server.get_pod("default", name))
+    await eventually(lambda: _rv(t.pods.get(_uid(t, name)) or {}) >= rv)
+    await h.settled(t)
+
+
+_STATUS = {H.HEALTHY: "True", H.UNHEALTHY: "False"}
 
 
 async def test_the_condition_survives_the_kubelets_patches() -> None:
