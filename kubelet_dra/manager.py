@@ -419,6 +419,8 @@ class DRAHealthManager:
             store_degraded=bool(self.store and self.store.degraded),
             store_errors=self.store_errors,
             api_field_dropped=bool(stats and stats.gate_off),
+            kubelet_removes_field=bool(stats and stats.kubelet_removes),
+            field_removals=stats.field_removals if stats else 0,
             now=now,
             taints=self.taints.metric_state() if self.taints is not None else None,
         )
@@ -451,6 +453,20 @@ class DRAHealthManager:
         if self.taints is not None:
             checks["taints"] = self.taints.readiness()
         return checks
+
+    def readiness_notes(self) -> dict[str, str]:
+        """What works differently than configured, for ``/readyz``; never a failed check."""
+        notes: dict[str, str] = {}
+        if self.writer is None:
+            return notes
+        if self.writer.stats.gate_off:
+            notes["api_field"] = (
+                "the API server drops allocatedResourcesStatus (its ResourceHealthStatus "
+                "gate is off); only the pod condition and Events are written"
+            )
+        if self.writer.stats.kubelet_removes:
+            notes["container_status"] = self.writer.kubelet.note()
+        return notes
 
 
 def __getattr__(name: str) -> Any:
