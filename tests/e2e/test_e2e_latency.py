@@ -9,6 +9,7 @@ our condition does. The kubelet is the peer: the test reports both medians and t
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -37,6 +38,12 @@ def kubelets(health: str):
     return lambda pod: _dra.field_health(pod).get(CDI) == health
 
 
+def seen_both(history: _dra.PodHistory, sent: float, health: str) -> tuple[float, float] | None:
+    kubelet = first_seen(history, sent, kubelets(health))
+    sidecar = first_seen(history, sent, ours(health))
+    return (kubelet, sidecar) if kubelet is not None and sidecar is not None else None
+
+
 def test_report_to_pod_latency_kubelet_and_sidecar(node_setup):
     world = node_setup(gate=True)
     # The shipped write window, not the test suite's faster one: this is the figure users get.
@@ -53,9 +60,7 @@ def test_report_to_pod_latency_kubelet_and_sidecar(node_setup):
             sent = time.time()
             world.flip("gpu-0", health.upper(), f"flip {i}")
             both = _dra.wait(
-                lambda h=health, s=sent: (k := first_seen(history, s, kubelets(h)))
-                and (o := first_seen(history, s, ours(h)))
-                and (k, o),
+                functools.partial(seen_both, history, sent, health),
                 60, f"flip {i} ({health}) on both paths",
             )  # fmt: skip
             rows.append((health, both[0] - sent, both[1] - sent))
