@@ -1,4 +1,4 @@
-"""Health streams: negotiation, stream ends (the lease outlives them), reconnect backoff, rolling upgrade."""
+"""Health streams: negotiation, stream ends (the lease outlives them), backoff, rolling upgrade."""
 
 from __future__ import annotations
 
