@@ -27,10 +27,18 @@ Where the kubelet has known bugs this cache does better:
   record stays, ``Unknown``, until that next report deletes it silently:
   the ``Unknown`` notification the kubelet sends with the deletion was sent
   at the deadline instead;
-- records remember the endpoint that reported them, so the end of one
-  endpoint's stream deletes only *its* devices (kubelet #140818 clears the
-  whole driver) and the caller gets them back to notify pods (the kubelet's
-  ``clearDriver`` notifies nobody);
+- the lease outlives the stream: when an endpoint's stream ends (EOF, error,
+  deregistration) its devices keep their last reported state until their
+  lease runs out (the kubelet's ``clearDriver`` deletes the whole driver at
+  once, #140818). Nothing changes at the stream end; another endpoint of the
+  driver that reports a device takes it over; a device whose lease runs out
+  first turns ``Unknown`` at its deadline through :meth:`HealthCache.expire`,
+  as for a silent driver, and since no stream of its endpoint runs any more
+  its record is deleted then (so the records of a driver that vanished go at
+  the end of their leases). An endpoint counts as streaming from its first
+  report until its stream ends (:meth:`HealthCache.end_endpoint`); records
+  loaded from the state file belong to no streaming endpoint until theirs
+  reports;
 - changes are computed against what a reader saw, so a report that revives an
   expired device is a change even if the stale record said the same thing.
 
@@ -43,7 +51,7 @@ from __future__ import annotations
 import collections
 import heapq
 import logging
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from kubelet_dra import models
@@ -124,6 +132,10 @@ class HealthCache:
         # candidates for deletion at that driver's next report (kubelet
         # v1.37.2 "phase 2"), so a report costs O(overdue), not O(devices).
         self._overdue: dict[str, set[models.DeviceKey]] = {}
+        # (driver, endpoint) that reported since its stream last ended: their
+        # expired records wait, Unknown, for the driver's next report; any
+        # other record is deleted when its lease runs out.
+        self._streaming: set[tuple[str, str]] = set()
         self.refused: collections.Counter[str] = collections.Counter()
         """Driver -> new devices refused because the driver was at the cap."""
 
@@ -197,6 +209,7 @@ class HealthCache:
         endpoint: str,
     ) -> list[models.DeviceKey]:
         changed = dict.fromkeys(self.expire(now))
+        self._streaming.add((driver, endpoint))
         devices = self._drivers.setdefault(driver, {})
         refused = self._apply(driver, devices, items, now, endpoint, changed=changed)
         if refused:
@@ -318,7 +331,7 @@ class HealthCache:
                 # Nothing to announce (already Unknown): only overdue now.
                 heapq.heappop(self._heap)
                 del self._scheduled[key]
-                self._overdue.setdefault(key.driver, set()).add(key)
+                self._retire(key, record, None)
                 continue
             return deadline, key
         return None
@@ -337,28 +350,32 @@ class HealthCache:
         """Turn every lease that ran out by ``now`` into ``Unknown``.
 
         Returns the devices that changed, so the caller can update their pods
-        at the deadline rather than lazily. The records stay until their
-        driver's next report that does not carry them (see :meth:`update`).
+        at the deadline rather than lazily. A record whose endpoint streams
+        stays until its driver's next report that does not carry it (see
+        :meth:`update`); any other (its stream ended, or it was loaded and its
+        endpoint has not reported since) is deleted now.
         """
         changed: list[models.DeviceKey] = []
         while (top := self._due(now)) is not None:
             _, key = top
             heapq.heappop(self._heap)
             del self._scheduled[key]
-            record = self._drivers[key.driver][key[1:]]
-            self._set(key.driver, key.pool, key.device, _expired_copy(record))
-            self._overdue.setdefault(key.driver, set()).add(key)
+            self._retire(key, self._drivers[key.driver][key[1:]], _expired_copy)
             changed.append(key)
         return changed
 
     def end_endpoint(self, driver: str, endpoint: str, now: float) -> list[models.DeviceKey]:
-        """A stream ended: delete its devices (they read ``Unknown``).
+        """A stream ended: its devices keep their state until their leases run out.
 
-        Devices last reported by a different endpoint of the same driver (the
-        new pod of a rolling upgrade) keep their health. Returns the deleted
-        devices that were not ``Unknown`` already, to notify their pods.
+        Nothing visible changes: each device reads what it read, until its
+        lease runs out (then :meth:`expire` turns it ``Unknown`` and deletes
+        it) or an endpoint of the driver reports it (which takes it over and
+        renews it). Only the endpoint's records whose lease already ran out go
+        now, as they would at that deadline; returns those not announced as
+        ``Unknown`` yet (the deadline task had not run), to notify their pods.
         """
-        return self._delete_where(driver, lambda r: r.endpoint == endpoint)
+        self._streaming.discard((driver, endpoint))
+        return self._delete_where(driver, lambda r: r.endpoint == endpoint and r.expired(now))
 
     def clear_driver(self, driver: str, now: float) -> list[models.DeviceKey]:
         """Delete every device of ``driver`` (the kubelet's clearDriver)."""
@@ -405,6 +422,7 @@ class HealthCache:
                 continue
             key = models.DeviceKey(driver, pool, device)
             del devices[pool, device]
+            self._overdue.get(driver, set()).discard(key)
             gone.append(key)
             if (record.health, record.message) != _UNKNOWN_VIEW:
                 changed.append(key)
@@ -413,6 +431,25 @@ class HealthCache:
         if gone and self._sink is not None:
             self._sink.stage_delete(gone)
         return changed
+
+    def _retire(
+        self,
+        key: models.DeviceKey,
+        record: models.DeviceHealth,
+        expired: Callable[[models.DeviceHealth], models.DeviceHealth] | None,
+    ) -> None:
+        """A lease ran out: keep the record (``expired``, overdue) while its endpoint streams."""
+        if (key.driver, record.endpoint) in self._streaming:
+            if expired is not None:
+                self._set(key.driver, key.pool, key.device, expired(record))
+            self._overdue.setdefault(key.driver, set()).add(key)
+            return
+        devices = self._drivers[key.driver]
+        del devices[key[1:]]
+        if not devices:
+            del self._drivers[key.driver]
+        if self._sink is not None:
+            self._sink.stage_delete([key])
 
     def _set(self, driver: str, pool: str, device: str, record: models.DeviceHealth) -> None:
         self._drivers.setdefault(driver, {})[(pool, device)] = record

@@ -15,8 +15,10 @@ pods), pods with one or two containers, and a timeline of episodes:
 Generated scenarios run on the lines we follow (1.37 and 1.38). Their
 deliberate differences are not guessed: a small model of both sides (the
 kubelet's lazy expiry, clearDriver and second phase; our deadline task and
-per-endpoint end) predicts at which sync point the announced pods differ and
-why, and the scenario declares exactly that, so a prediction that does not
+leases that outlive the stream) predicts at which sync point the announced
+pods differ and why, and where the caches read differently (after a stream
+end, until the driver reports those devices again), and the scenario declares
+exactly that, so a prediction that does not
 come true fails the run like an undeclared difference does.
 
 The timeline keeps away from what the model does not cover: a short-lease
@@ -65,7 +67,8 @@ class _Model:
         self.users = users
         self.kubelet: dict[str, dict[str, _Stored]] = {}
         self.ours: dict[str, dict[str, _Stored]] = {}
-        self.ours_unknown: set[Key] = set()  # expired or ended on our side (visible Unknown)
+        self.ours_unknown: set[Key] = set()  # expired on our side (visible Unknown)
+        self.cleared: set[Key] = set()  # deleted by the kubelet's clearDriver, not reported since
         self.announced_kubelet: set[str] = set()
         self.announced_ours: set[str] = set()
         self.causes: set[str] = set()
@@ -79,6 +82,19 @@ class _Model:
         if rec is None or key in self.ours_unknown or now - rec.at > rec.lease:
             return ("Unknown", "")
         return rec.value
+
+    def kubelet_visible(self, key: Key, now: float) -> tuple[str, str]:
+        rec = self.kubelet.get(key[0], {}).get(key[1])
+        if rec is None or now - rec.at > rec.lease:
+            return ("Unknown", "")
+        return rec.value
+
+    def reads_differ(self, now: float) -> bool:
+        """Whether any device reads differently (only after a stream end: our kept leases)."""
+        keys = {
+            (d, n) for side in (self.ours, self.kubelet) for d, devs in side.items() for n in devs
+        }
+        return any(self.ours_visible(k, now) != self.kubelet_visible(k, now) for k in keys)
 
     def advance(self, now: float) -> None:
         """Our deadline task: leases that ran out by ``now`` turn Unknown, pods announced."""
@@ -103,13 +119,17 @@ class _Model:
             old = kub.get(name)
             if old is None and len(kub) >= CAP:
                 continue  # both sides ignore new devices of a full driver
-            if old is None or old.value != value or old.lease != lease:
+            kubelet_announces = old is None or old.value != value or old.lease != lease
+            if kubelet_announces:
                 self.announced_kubelet |= self._pods(key)
             kub[name] = _Stored(value, lease, now)
             before = self.ours_visible(key, now)
             prev = ours.get(name)
             if prev is None or before != value or prev.lease != lease:
                 self.announced_ours |= self._pods(key)
+            elif kubelet_announces and key in self.cleared and self._pods(key):
+                self.causes.add("lease-outlives-stream")  # new to the cleared kubelet only
+            self.cleared.discard(key)
             ours[name] = _Stored(value, lease, now)
             self.ours_unknown.discard(key)
         # The kubelet's second phase: expired devices missing from the report turn
@@ -126,14 +146,8 @@ class _Model:
 
     def end(self, driver: str, now: float) -> None:
         self.advance(now)
-        self.kubelet.pop(driver, None)  # clearDriver: nobody announced
-        for name in self.ours.get(driver, {}):
-            key = (driver, name)
-            if self.ours_visible(key, now) != ("Unknown", ""):
-                self.announced_ours |= self._pods(key)
-                if self._pods(key):
-                    self.causes.add("notify-at-stream-end")
-            self.ours_unknown.add(key)
+        # clearDriver: nobody announced. Ours keep their leases: nothing changes.
+        self.cleared |= {(driver, name) for name in self.kubelet.pop(driver, {})}
 
     def sync(self, now: float) -> tuple[set[str], set[str], set[str]]:
         self.advance(now)
@@ -163,7 +177,13 @@ class _Plan:
         self.syncs += 1
         name = f"s{self.syncs}"
         self.steps.append({"sync": name})
+        differ = self.model.reads_differ(self.now)
         ours, kubelet, causes = self.model.sync(self.now)
+        if differ:
+            self.differences.append(
+                {"feature": "lease-outlives-stream", "kinds": ["status", "devices"],
+                 "at": [name], "extra": []}
+            )  # fmt: skip
         if ours != kubelet:
             self.differences.append(
                 {"feature": sorted(causes)[0] if causes else "unknown-at-deadline",

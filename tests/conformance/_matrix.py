@@ -28,6 +28,40 @@ BEGIN = "<!-- matrix: written by `python -m tests.conformance._suite --write-mat
 END = "<!-- end of matrix -->"
 
 
+LEASE_OUTLIVES_STREAM: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
+    # scenario: ((kinds, sync point), ...), on every line the scenario runs on.
+    # Where the stream ended (or the endpoint went) and no report came since, our
+    # cache and pods keep the last state and the kubelet's read Unknown; where the
+    # driver then reports the same again, the kubelet announces the pods (new to
+    # its cleared cache) and we announce nothing (nothing changed).
+    "clear-driver": ((("status", "devices"), "cleared"),),
+    "e2e-plugin-stop-restart": ((("status", "devices"), "stopped"), (("announced",), "restarted")),
+    "go-helper-restart": ((("announced",), "restarted"),),
+    "go-helper-stream-error": ((("status", "devices"), "failed"), (("announced",), "reconnected")),
+    "reregister": ((("announced",), "registered-again"),),
+    "restart-new-socket": ((("announced",), "restarted"),),
+    "restart-same-socket": ((("status", "devices"), "broken"), (("announced",), "reconnected")),
+    "stream-eof": ((("status", "devices"), "ended"), (("announced",), "reconnected")),
+    "stream-error": ((("status", "devices"), "failed"), (("announced",), "reconnected")),
+    "two-drivers-one-ends": ((("status", "devices"), "nic-ended"),),
+    "unimplemented-after-reports": (
+        (("status", "devices"), "stopped"),
+        (("announced",), "registered-again"),
+    ),
+}
+"""The written scenarios' ``lease-outlives-stream`` declarations, in one place (the
+loader adds them to each scenario's ``differences``); generated scenarios declare it
+from the generator's model."""
+
+
+def declared(scenario: str) -> list[dict[str, object]]:
+    """The table's declarations of ``scenario`` as ``differences`` entries."""
+    return [
+        {"feature": "lease-outlives-stream", "kinds": list(kinds), "at": [at]}
+        for kinds, at in LEASE_OUTLIVES_STREAM.get(scenario, ())
+    ]
+
+
 class _Result(Protocol):
     scenario: str
     line: str
