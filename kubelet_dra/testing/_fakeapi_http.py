@@ -10,8 +10,8 @@ apiserver's watch cache sends them.
 from __future__ import annotations
 
 import base64
-import copy
 import contextlib
+import copy
 import json
 import select
 import socket
