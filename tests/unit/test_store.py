@@ -52,10 +52,14 @@ def test_restart_keeps_unexpired_lease_and_expires_the_rest(tmp_path: pathlib.Pa
     cache = healthinfo.HealthCache(sink=db)
     cache.update("drv", [models.DeviceReport("p", "short", H.HEALTHY, "", 500)], now=T0)
     cache.update("drv", [models.DeviceReport("p", "long", H.HEALTHY, "", 600)], now=T0)
-    # Renewals (no visible change) are persisted too: the lease restarts at T0+100.
+    # A renewal (no visible change) is persisted once the stored copy has half
+    # its lease left (healthinfo.PERSIST_FRACTION): not at T0+100, at T0+300.
     cache.update("drv", [models.DeviceReport("p", "long", H.HEALTHY, "", 600)], now=T0 + 100)
+    cache.update("drv", [models.DeviceReport("p", "long", H.HEALTHY, "", 600)], now=T0 + 300)
     db.close()
     db2, cache2 = reopen(tmp_path)
+    stored = {key.device: record.last_report for key, record in cache2.records()}
+    assert stored == {"short": T0, "long": T0 + 300}
     now = T0 + 650  # the process was down for a while
     assert cache2.get(models.DeviceKey("drv", "p", "long"), now).health is H.HEALTHY
     assert cache2.get(models.DeviceKey("drv", "p", "short"), now).health is H.UNKNOWN
