@@ -42,6 +42,14 @@ Where the kubelet has known bugs this cache does better:
 - changes are computed against what a reader saw, so a report that revives an
   expired device is a change even if the stale record said the same thing.
 
+Persistence (the kubelet stores only changes, so its restart loses every
+lease): a report that changes a device's health, message, lease or endpoint
+is handed to the sink at once; a plain renewal only when the record last
+handed over would otherwise expire within half its lease
+(:data:`PERSIST_FRACTION`). So after a crash a device keeps at least half of
+the lease its last persisted report gave it, and a driver resending every
+second costs one row per device per half lease, not one per report.
+
 The module is pure apart from its log line: ``now`` is always an argument and
 persistence is a :class:`Sink` the caller provides (``store.HealthStore``).
 """
@@ -67,10 +75,15 @@ MESSAGE_MAX_BYTES = 1024
 MAX_DEVICES_PER_DRIVER = 16_384
 """The kubelet's ``maxDevicesPerDriver`` (v1.37.2+): records kept per driver."""
 
+PERSIST_FRACTION = 0.5
+"""A renewal is persisted once the persisted record has less than this part of its
+lease left: a crash then costs a device at most this part of its lease."""
+
 CAP_REASON = "device_cap"
 """The ``refused`` reason of a new device beyond :data:`MAX_DEVICES_PER_DRIVER`."""
 
 _ELLIPSIS = "..."
+_NEVER = float("-inf")  # the receive time of a record never persisted
 
 Key = tuple[str, str]  # (pool, device) inside one driver
 Entry = tuple[models.HealthStatus, str, int, int]
@@ -136,6 +149,10 @@ class HealthCache:
         # expired records wait, Unknown, for the driver's next report; any
         # other record is deleted when its lease runs out.
         self._streaming: set[tuple[str, str]] = set()
+        # Per device, the receive time of the record last handed to the sink
+        # (what a restart would load): a renewal is persisted only when that
+        # record is within PERSIST_FRACTION of its lease from running out.
+        self._persisted: dict[StagedKey, float] = {}
         self.refused: collections.Counter[str] = collections.Counter()
         """Driver -> new devices refused because the driver was at the cap."""
 
@@ -245,38 +262,53 @@ class HealthCache:
         default, record_of, key_of = self.default_lease, models.DeviceHealth, models.DeviceKey
         new_record = tuple.__new__
         scheduled, schedule = self._scheduled, self._schedule
+        # Without a sink nothing is persisted, so nothing counts as persisted.
+        persisted: dict[StagedKey, float] = self._persisted if self._sink is not None else {}
+        renew_after = 1.0 - PERSIST_FRACTION
         unknown = models.HealthStatus.UNKNOWN
         refused = 0
         for key, (health, message, timeout, driver_time) in items:
             old = devices.get(key)
             lease = float(timeout) if timeout > 0 else default
+            staged_key = (driver, *key)
             if old is None:
                 # The cap counts every record held, overdue ones included: the
                 # kubelet deletes those only after storing the report.
                 if len(devices) >= MAX_DEVICES_PER_DRIVER:
                     refused += 1
                     continue
-                visible = True
+                visible = persist = True
             else:
-                old_health, old_message, old_lease, old_report, _, _ = old
+                old_health, old_message, old_lease, old_report, _, old_endpoint = old
                 if old_lease != lease:
                     visible = True
                 elif now - old_report > old_lease:  # expired: it read Unknown, ""
                     visible = health != unknown or message != ""
                 else:
                     visible = health != old_health or message != old_message
+                # A changed record at once; a renewal once the persisted copy
+                # has less than PERSIST_FRACTION of its lease left.
+                persist = (
+                    visible
+                    or health != old_health
+                    or message != old_message
+                    or endpoint != old_endpoint
+                    or now - persisted.get(staged_key, _NEVER) >= renew_after * lease
+                )
             new = new_record(record_of, (health, message, lease, now, driver_time, endpoint))
             devices[key] = new
-            staged_key = (driver, *key)
             # A renewal to a later deadline needs no heap entry now (see _schedule).
             deadline = scheduled.get(staged_key)
             if deadline is None or now + lease < deadline:
                 schedule(key_of(driver, *key), now + lease)
             if visible:
                 changed[key_of(driver, *key)] = None
-            stage((staged_key, new))
-        if self._sink is not None:
+            if persist:
+                stage((staged_key, new))
+        if self._sink is not None and staged:
             self._sink.stage_many(staged)
+            for staged_key, _ in staged:
+                persisted[staged_key] = now
         return refused
 
     def _delete_overdue(self, driver: str, reported: Container[Key], now: float) -> None:
@@ -292,6 +324,7 @@ class HealthCache:
             if key[1:] in reported or record is None or not record.expired(now):
                 continue  # renewed since: scheduled again
             del devices[key[1:]]
+            self._persisted.pop(key, None)
             gone.append(key)
         if gone and self._sink is not None:
             self._sink.stage_delete(gone)
@@ -384,8 +417,10 @@ class HealthCache:
     def load(self, records: Iterable[tuple[models.DeviceKey, models.DeviceHealth]]) -> None:
         """Restore records read back from the store (no sink writes)."""
         drivers, scheduled, heap = self._drivers, self._scheduled, self._heap
+        persisted = self._persisted
         for key, record in records:
             drivers.setdefault(key.driver, {})[(key.pool, key.device)] = record
+            persisted[key] = record.last_report  # as read back: on disk
             # Unknown records too: once their lease ran out they are overdue.
             # As _schedule, with one heapify at the end instead of a push each.
             deadline = record.last_report + record.lease
@@ -423,6 +458,7 @@ class HealthCache:
             key = models.DeviceKey(driver, pool, device)
             del devices[pool, device]
             self._overdue.get(driver, set()).discard(key)
+            self._persisted.pop(key, None)
             gone.append(key)
             if (record.health, record.message) != _UNKNOWN_VIEW:
                 changed.append(key)
@@ -454,7 +490,9 @@ class HealthCache:
     def _set(self, driver: str, pool: str, device: str, record: models.DeviceHealth) -> None:
         self._drivers.setdefault(driver, {})[(pool, device)] = record
         if self._sink is not None:
-            self._sink.stage(models.DeviceKey(driver, pool, device), record)
+            key = models.DeviceKey(driver, pool, device)
+            self._sink.stage(key, record)
+            self._persisted[key] = record.last_report
 
 
 class _Predicate(Protocol):

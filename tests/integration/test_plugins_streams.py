@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import pathlib
 
 import pytest
@@ -58,8 +57,10 @@ async def test_unimplemented_is_called_exactly_once(
         info = await register(manager, drv)
         status = manager.endpoints[str(drv.dra_socket)]
         await eventually(lambda: status.state == plugins.StreamState.UNIMPLEMENTED)
+        parked = fake_clock.sleepers
         fake_clock.advance(3600)  # the kubelet 1.36 would have retried 720 times
-        await asyncio.sleep(0.1)  # a window for a wrong retry to show up
+        # Whatever woke (a wrong retry's backoff included) has run and is parked again.
+        await fake_clock.wait_for_sleepers(parked)
         assert drv.calls["NodeWatchResources/v1"] == 1
         assert (status.state, status.reconnects) == (plugins.StreamState.UNIMPLEMENTED, 0)
         # Re-registration (a new driver pod) is the only way to try again.
@@ -220,8 +221,11 @@ async def test_lease_expires_at_the_deadline_without_another_report(
         await eventually(lambda: changes.keys == {GPU0})
         changes.calls.clear()
         await fake_clock.wait_for_sleepers(1)
+        parked = fake_clock.sleepers
         fake_clock.advance(9.9)
-        await asyncio.sleep(0.05)  # a window for an early expiry to show up
+        # An early deadline would have woken the deadline task: wait until it ran and
+        # is parked again before looking.
+        await fake_clock.wait_for_sleepers(parked)
         assert changes.calls == []
         fake_clock.advance(0.2)  # just past the deadline: the stream is still open and silent
         await eventually(lambda: changes.calls == [[GPU0]])
