@@ -107,7 +107,9 @@ async def test_driver_away_past_the_lease_is_unknown_at_the_deadline_then_back(
         status = manager.endpoints[str(drv.dra_socket)]
         await drv.stop()  # killed: its streams break and its sockets are gone
         await eventually(lambda: status.state == plugins.StreamState.BACKOFF)
-        await asyncio.sleep(0.05)  # a window for a wrong announcement to show up
+        # Parked: the stream in its backoff, the deadline task at the lease end; nothing else
+        # is left to run that could announce a change.
+        await fake_clock.wait_for_sleepers(2)
         assert changes.calls == []
         fake_clock.advance(10.1)  # past the lease; reconnects fail meanwhile
         await eventually(lambda: changes.calls == [[GPU0]])
@@ -136,7 +138,7 @@ async def test_deregistered_driver_keeps_health_for_its_lease_then_unknown_and_d
         assert health(cache, GPU0, fake_clock.now()) == "Unhealthy"
         assert manager.endpoints == {}
         fake_clock.advance(9.9)
-        await asyncio.sleep(0.05)  # a window for an early expiry to show up
+        await fake_clock.wait_for_sleepers(1)  # the deadline task, parked until the lease end
         assert changes.calls == []
         fake_clock.advance(0.2)
         await eventually(lambda: changes.calls == [[GPU0]])
