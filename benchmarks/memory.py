@@ -26,6 +26,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from typing import Any
 
 from benchmarks import _common as c
 
@@ -45,8 +46,9 @@ SMOKE = Config(runs=1, settle=1.0)
 
 FLOOR_SCRIPT = """
 import ctypes, json, os, pathlib, sys, tempfile
-if "MALLOC_ARENA_MAX" not in os.environ:  # as kubelet_dra.cli._limit_malloc_arenas
-    ctypes.CDLL("libc.so.6").mallopt(-8, 2)  # M_ARENA_MAX
+capped = "MALLOC_ARENA_MAX" in os.environ  # as kubelet_dra.cli._limit_malloc_arenas
+if not capped:
+    capped = ctypes.CDLL("libc.so.6").mallopt(-8, 2) == 1  # M_ARENA_MAX
 import grpc, kubernetes.client, sqlitedict
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as pb, api_pb2_grpc as pb_grpc
 socket, url, token = sys.argv[1:4]
@@ -75,8 +77,32 @@ with tempfile.TemporaryDirectory() as tmp:
     db.close()
 status = dict(l.split(":", 1) for l in pathlib.Path("/proc/self/status").read_text().splitlines())
 print(json.dumps({"hwm": int(status["VmHWM"].split()[0]), "pods": len(pods["items"]),
-                  "devices": len(first.devices), "core_v1_api": loaded}))
+                  "devices": len(first.devices), "core_v1_api": loaded, "arenas_capped": capped}))
 """
+
+
+def floor_process(dra_socket: str, api: Any) -> dict[str, Any]:
+    """Run the floor process against a driver's socket and the API stand-in; what it
+    reports (its peak RSS in kB, what it read, how it ran)."""
+    floor = subprocess.run(
+        [sys.executable, "-c", FLOOR_SCRIPT, dra_socket, api.url, f"{api.token}"],
+        check=True,
+        capture_output=True,
+        env=c.quiet_env(),
+    )
+    found: dict[str, Any] = json.loads(floor.stdout)
+    return found
+
+
+def check_floor(info: dict[str, Any], *, devices: int, pods: int) -> None:
+    """The floor is a lower bound only if it ran as the sidecar runs: its libraries used
+    (a health message, the node's pods), the arenas capped, no ``CoreV1Api`` loaded."""
+    if info["devices"] != devices or info["pods"] < pods:
+        raise c.CheckFailed(f"memory floor process did not use its libraries: {info}")
+    if not info["arenas_capped"]:
+        raise c.CheckFailed(f"memory floor ran without the sidecar's malloc arena cap: {info}")
+    if info["core_v1_api"]:
+        raise c.CheckFailed(f"memory floor loaded CoreV1Api, which the sidecar does not: {info}")
 
 
 async def _once(config: Config) -> tuple[int, int, int]:
@@ -86,14 +112,7 @@ async def _once(config: Config) -> tuple[int, int, int]:
         )
         async with c.DriverProcess(workdir, devices=DEVICES, chunk=100) as drv:
             await drv.send("steady", pattern=1, period=1.0)
-            floor = await asyncio.to_thread(
-                subprocess.run,
-                [sys.executable, "-c", FLOOR_SCRIPT, drv.dra_socket, api.url, f"{api.token}"],
-                check=True,
-                capture_output=True,
-                env=c.quiet_env(),
-            )
-            floor_info = json.loads(floor.stdout)
+            floor_info = await asyncio.to_thread(floor_process, drv.dra_socket, api)
             with c.SidecarProcess(workdir / "side", api, registry=drv.registry) as sidecar:
                 from benchmarks import _driver
 
@@ -104,8 +123,7 @@ async def _once(config: Config) -> tuple[int, int, int]:
                 )  # fmt: skip
                 await asyncio.sleep(config.settle)
                 vm = c.vm_status(sidecar.pid)
-    if floor_info["devices"] != 100 or floor_info["pods"] < PODS or floor_info["core_v1_api"]:
-        raise c.CheckFailed(f"memory floor process did not use its libraries: {floor_info}")
+    check_floor(floor_info, devices=100, pods=PODS)
     return vm["VmHWM"], vm["VmRSS"], int(floor_info["hwm"])
 
 
