@@ -12,6 +12,7 @@ device changed.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import pathlib
 
@@ -74,7 +75,8 @@ async def test_the_memory_floor_runs_as_the_sidecar_does(tmp_path: pathlib.Path)
         _common.build_cluster(api, pods=2, devices_per_pod=1)
         async with FakeDriver(name=_common.DRIVER, registry=tmp_path / "reg") as drv:
             await drv.set_health({"pool": _common.POOL, "device": "d", "health": "Healthy"})
-            info = memory.floor_process(drv.dra_socket, api)
+            # In a thread: the driver answers the floor's stream from this event loop.
+            info = await asyncio.to_thread(memory.floor_process, drv.dra_socket, api)
     memory.check_floor(info, devices=1, pods=2)
     assert info["arenas_capped"] is True and info["core_v1_api"] is False
 
