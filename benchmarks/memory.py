@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -81,11 +82,11 @@ print(json.dumps({"hwm": int(status["VmHWM"].split()[0]), "pods": len(pods["item
 """
 
 
-def floor_process(dra_socket: str, api: Any) -> dict[str, Any]:
+def floor_process(dra_socket: str | os.PathLike[str], api: Any) -> dict[str, Any]:
     """Run the floor process against a driver's socket and the API stand-in; what it
     reports (its peak RSS in kB, what it read, how it ran)."""
     floor = subprocess.run(
-        [sys.executable, "-c", FLOOR_SCRIPT, dra_socket, api.url, f"{api.token}"],
+        [sys.executable, "-c", FLOOR_SCRIPT, os.fspath(dra_socket), api.url, f"{api.token}"],
         check=True,
         capture_output=True,
         env=c.quiet_env(),
