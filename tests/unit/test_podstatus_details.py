@@ -146,3 +146,17 @@ def test_the_kubelet_function_sorts_a_managed_container_after_an_unmanaged_one()
     )
     entries = podstatus.container_entries(_update(pod, index), claims.CONTAINERS, "main")
     assert [e["name"] for e in entries] == ["a.example.com/gpu", "claim:gpu"]
+
+
+def test_the_comparable_form_keeps_every_field_and_reads_missing_ones_as_empty() -> None:
+    entries = [
+        {"name": "claim:b", "resources": [
+            {"resourceID": "r1", "health": "Unhealthy", "message": "ECC"},
+            {"resourceID": "r0", "health": "Healthy", "message": None},
+        ]},
+        {"resources": [{}]},  # nothing named: reads as empty text, not "None"
+    ]  # fmt: skip
+    assert podstatus.normalized(entries) == [
+        ("", (("", "", ""),)),
+        ("claim:b", (("r0", "Healthy", ""), ("r1", "Unhealthy", "ECC"))),
+    ]
