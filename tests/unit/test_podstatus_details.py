@@ -149,7 +149,7 @@ def test_the_kubelet_function_sorts_a_managed_container_after_an_unmanaged_one()
 
 
 def test_the_comparable_form_keeps_every_field_and_reads_missing_ones_as_empty() -> None:
-    entries = [
+    entries: list[dict[str, Any]] = [
         {"name": "claim:b", "resources": [
             {"resourceID": "r1", "health": "Unhealthy", "message": "ECC"},
             {"resourceID": "r0", "health": "Healthy", "message": None},
