@@ -173,3 +173,37 @@ def test_before_any_write_only_foreign_ids_tell_the_kubelet_writes() -> None:
     assert podstate.kubelet_verdict(None, _pod(3, CDI), _desired()) is V.KUBELET_WRITES
     assert podstate.kubelet_verdict(None, _pod(3, OTHER), _desired()) is V.NOBODY
     assert podstate.kubelet_verdict(None, _pod(3), _desired()) is V.NOBODY
+
+
+def test_a_second_change_before_the_due_time_keeps_the_earlier_time() -> None:
+    states = podstate.PodStates()
+    state = states.put(pod("a"))
+    states.mark_dirty("a", 10.0, WINDOW)
+    states.mark_dirty("a", 10.2, WINDOW)  # alone it would be due at 10.2
+    assert state.due == 10.0
+
+
+def test_a_known_pod_is_found_by_uid_and_an_unknown_one_dropped_quietly() -> None:
+    states = podstate.PodStates()
+    state = states.put(pod("a"))
+    assert states.get("a") is state
+    assert states.get("b") is None
+    states.drop("b")  # never known: nothing to forget, no error
+    assert len(states) == 1
+
+
+def test_kubelet_owned_pods_are_counted_once_each() -> None:
+    states = podstate.PodStates()
+    a, b = states.put(pod("a")), states.put(pod("b"))
+    states.mark_kubelet_owned(a)
+    states.mark_kubelet_owned(b)
+    states.mark_kubelet_owned(a)
+    assert states.kubelet_owned == 2
+
+
+def test_the_oldest_record_goes_first_not_the_oldest_pod() -> None:
+    states = podstate.PodStates()
+    first, second = states.put(pod("first")), states.put(pod("second"))
+    states.set_record(second, record(1.0), limit=1)
+    states.set_record(first, record(2.0), limit=1)  # beyond the limit: second's record goes
+    assert first.record is not None and second.record is None
