@@ -21,6 +21,10 @@ import pytest
 from benchmarks import _common, latency, memory, persistence
 from kubelet_dra.testing import FakeApiServer, FakeDriver
 
+# A scenario at its smallest size still starts real processes; latency runs two windows
+# with bursts, which on a loaded 2-core machine takes over the default 60 s.
+pytestmark = pytest.mark.timeout(300)
+
 SCENARIOS = ["ingest", "latency", "storm", "persistence", "restart", "apiload", "kubectl"]
 _OUTCOMES: dict[str, _common.Outcome] = {}
 
