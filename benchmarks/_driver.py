@@ -42,7 +42,7 @@ from kubelet_dra._proto.dra_health.v1 import api_pb2 as pb
 from kubelet_dra.testing import FakeDriver
 
 POOL = "pool"
-_HEALTHY, _UNHEALTHY = 1, 2
+_HEALTHY, _UNHEALTHY = pb.HEALTHY, pb.UNHEALTHY
 
 
 def pattern_health(i: int, pattern: int) -> str:

@@ -70,7 +70,7 @@ def count_request_bytes() -> None:
         _SENT_BYTES[1] += 1
         return await send(self, method, path, query, body, *a)
 
-    asyncpatch.Transport._send = counted  # type: ignore[method-assign]
+    asyncpatch.Transport._send = counted  # type: ignore[method-assign,assignment]
 
 
 _LISTS: list[tuple[float, bool]] = []  # every pod LIST a node started: wall time, answered

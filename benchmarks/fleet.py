@@ -499,11 +499,11 @@ def protobuf_pod_meta(answer: bytes) -> tuple[str, str, str]:
             f"the kubelet baseline's GET was not answered in protobuf: {answer[:40]!r}"
         )
     raw = _pb_fields(answer[len(PROTOBUF_MAGIC) :])[2][0]
-    meta = _pb_fields(bytes(_pb_fields(bytes(raw))[1][0]))  # type: ignore[arg-type]
+    meta = _pb_fields(bytes(_pb_fields(bytes(raw))[1][0]))
 
     def text(number: int) -> str:
         values = meta.get(number) or [b""]
-        return bytes(values[0]).decode()  # type: ignore[arg-type]
+        return bytes(values[0]).decode()
 
     return text(1), text(5), text(6)
 

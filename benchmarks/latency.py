@@ -158,7 +158,7 @@ async def _measure(  # type: ignore[no-untyped-def]
             sent = time.time()
             await drv.set_health(_device(device, want))
             await c.wait_until(
-                lambda p=path, d=rid, w=want: _first_write(api, p, d, w) is not None,  # type: ignore[misc]
+                lambda p=path, d=rid, w=want: _first_write(api, p, d, w) is not None,
                 timeout=10, what=f"PATCH of {rid}",
             )  # fmt: skip
             samples.append(float(_first_write(api, path, rid, want) or 0.0) - sent)
@@ -201,7 +201,7 @@ async def _measure_bursts(  # type: ignore[no-untyped-def]
                 sent.append((c.resource_id(device), want, time.time()))
                 await drv.set_health(_device(device, want))
             await c.wait_until(
-                lambda p=path, s=sent: all(_first_write(api, p, r, w) for r, w, _ in s),  # type: ignore[misc]
+                lambda p=path, s=sent: all(_first_write(api, p, r, w) for r, w, _ in s),
                 timeout=10, what=f"the burst's PATCHes of {path}",
             )  # fmt: skip
             lat = [float(_first_write(api, path, r, w) or 0.0) - t for r, w, t in sent]
