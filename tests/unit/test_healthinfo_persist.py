@@ -125,7 +125,9 @@ def test_a_device_reported_after_its_deletion_is_persisted_again(
     cache: healthinfo.HealthCache, sink: Sink, fake: clock.FakeClock
 ) -> None:
     cache.update(DRV, [rep()], now=fake.now(), endpoint="/e")
-    cache.end_endpoint(DRV, "/e", fake.now())
+    cache.end_endpoint(DRV, "/e", fake.now())  # kept for its lease, then deleted
+    fake.advance(LEASE + 1)
+    assert cache.expire(fake.now()) == [models.DeviceKey(DRV, "pool", "dev")]
     sink.take()
     fake.advance(1)
     cache.update(DRV, [rep()], now=fake.now(), endpoint="/e")
