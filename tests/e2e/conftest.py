@@ -135,7 +135,11 @@ def kubelet_on(
                 node=node_name(line, gate),
             ),
         )
-        kubelet.start()
+        try:
+            kubelet.start()
+        except BaseException:
+            kubelet.stop()  # a kubelet that never got Ready leaves no fake runtime behind
+            raise
         running[key] = kubelet
         return kubelet
 
