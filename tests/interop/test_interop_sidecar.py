@@ -161,8 +161,12 @@ def test_writes_pass_real_validation_and_merge(scenario: Scenario) -> None:
         }
     )
     with scenario.sidecar() as sidecar:
+        # Both claims written (under load the nic claim's GET can land after the first write).
         pod = sidecar.until(
-            scenario.pod_if(lambda p: "Unhealthy" in str(health_entries(p))), what="first write"
+            scenario.pod_if(
+                lambda p: "Unhealthy" in str(health_entries(p)) and "claim:nic" in health_entries(p)
+            ),
+            what="both claims written",
         )
         entries = health_entries(pod)
         assert sorted(entries) == ["claim:gpu/gpu", "claim:nic"]
