@@ -238,6 +238,3 @@ class PodHistory:
     def healths(self) -> list[dict[str, str]]:
         """The field's resourceID -> health in each version, in order."""
         return [field_health(pod) for _, pod in self.versions]
-
-    def conditions(self) -> list[Obj | None]:
-        return [condition(pod) for _, pod in self.versions]

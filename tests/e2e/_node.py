@@ -30,7 +30,8 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -131,13 +132,6 @@ class Audit:
             found.append(write)
         return found
 
-    def by_user(self, namespace: str, name: str, since: float = 0.0) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for write in self.writes(namespace, name):
-            if write.at >= since and write.code < 400:
-                counts[write.user] = counts.get(write.user, 0) + 1
-        return counts
-
 
 def _status_write(line: str) -> StatusWrite | None:
     try:
@@ -160,8 +154,6 @@ def _status_write(line: str) -> StatusWrite | None:
 
 
 def _rfc3339(stamp: str) -> float:
-    from datetime import datetime
-
     try:
         return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
     except ValueError:
@@ -388,12 +380,3 @@ class Kubelet:
             f"timed out after {timeout:.0f}s waiting for {what}\n"
             f"kubelet log:\n{self._kubelet.tail() if self._kubelet else ''}"
         )
-
-
-@contextlib.contextmanager
-def running(kubelet: Kubelet) -> Iterator[Kubelet]:
-    kubelet.start()
-    try:
-        yield kubelet
-    finally:
-        kubelet.stop()

@@ -214,11 +214,7 @@ class NodeSetup:
 
 def sidecar_flags(kubelet: _node.Kubelet) -> tuple[str, ...]:
     """Flags that point the sidecar at this kubelet (its root dir: the DRA checkpoint)."""
-    from kubelet_dra import settings
-
-    if "kubelet_root_dir" in settings.Settings.model_fields:
-        return ("--kubelet-root-dir", str(kubelet.root))
-    return ()
+    return ("--kubelet-root-dir", str(kubelet.root))
 
 
 @pytest.fixture(params=e2e_lines(), ids=lambda line: f"kubelet-{line}")

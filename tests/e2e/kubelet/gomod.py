@@ -55,9 +55,8 @@ def line(dir_: str) -> twin_gomod.LineModule:
 
 def render_gomod(dir_: str, staging: list[str]) -> str:
     upstream = line(dir_)
-    pins = [(mod, upstream.staging_version) for mod in staging] + list(upstream.extra)
-    replaces = "\n".join(f"\t{mod} => {mod} {version}" for mod, version in pins)
-    go = "1.27.0" if upstream.toolchain else "1.24.0"
+    replaces = twin_gomod.replace_block(upstream, staging)
+    go = twin_gomod.go_directive(upstream)
     return (
         f"// The real kubelet {upstream.version} for the e2e tests (written by ../gomod.py).\n"
         f"module {MODULE_PREFIX}/{dir_}\n\n"
