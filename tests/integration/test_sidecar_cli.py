@@ -26,6 +26,15 @@ def test_demo_plays_every_step_and_exits_0() -> None:
     # The YAML excerpt shows the driver's message where kubectl would.
     assert "message: ECC uncorrectable error count exceeded (XID 48)" in done.stdout
     assert "reason: DeviceUnhealthy" in done.stdout
+    # The pipeline's logs (a stream error when the script kills the driver) go to
+    # a file the last line names, not between the tables.
+    assert done.stderr == ""
+    assert "WARNING" not in done.stdout
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("    pipeline log ("), last
+    log = pathlib.Path(last.rsplit(": ", 1)[1])
+    assert " INFO " in log.read_text()
+    log.unlink()
 
 
 async def test_json_logs_are_one_object_per_line_and_v_adds_debug(sockdir: pathlib.Path) -> None:
