@@ -92,7 +92,6 @@ HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
 TERMINAL = frozenset({"Succeeded", "Failed"})
 RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
 MAX_CONFLICTS = 5
-TokenBucket = calls.TokenBucket  # kube.writer.TokenBucket, as before the split
 
 
 @dataclasses.dataclass
@@ -127,7 +126,7 @@ class StatusWriter:
         health: HealthLookup,
         config: settings.Settings,
         clock: clock_mod.Clock,
-        limiter: TokenBucket | None = None,
+        limiter: calls.TokenBucket | None = None,
         events: kube_events.EventRecorder | None = None,
         concurrency: int | None = None,
         max_attempts: int = 5,
@@ -142,8 +141,11 @@ class StatusWriter:
             node=node_name, clock=clock, interval=config.event_interval
         )
         self._rng = rng or random.Random()
+        limiter = limiter or calls.TokenBucket(
+            qps=config.api_qps, burst=config.api_burst, clock=clock
+        )
         self._calls = calls.RetryingCaller(
-            limiter=limiter or TokenBucket(qps=config.api_qps, burst=config.api_burst, clock=clock),
+            limiter=limiter,
             clock=clock, counts=self.stats, max_attempts=max_attempts, rng=self._rng,
         )  # fmt: skip
         self._gates = gates.ServerGates(node=node_name, events=self._events)
