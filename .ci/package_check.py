@@ -110,20 +110,32 @@ def project_scripts(source: Path) -> dict[str, str]:
 
 
 def copy_tree(source: Path, target: Path) -> None:
-    """The files a fresh checkout plus the developer's new files would have."""
+    """The files a fresh checkout plus the developer's new files would have.
+
+    With the modes of a checkout under umask 022 (0644, 0755 when executable): build unpacks
+    the sdist with tarfile's "data" filter, which drops group and other write bits, so a
+    group-writable tree (umask 002, or ``git archive``) would give a wheel from the tree
+    whose modes differ from the sdist's.
+    """
     code, out = run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=source
     )
     if code != 0:  # not a git checkout (an unpacked sdist): everything but build output
         shutil.copytree(
-            source, target, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", ".*")
+            source,
+            target,
+            ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", ".*", "__pycache__"),
+            dirs_exist_ok=True,
         )
-        return
-    for name in filter(None, out.split("\0")):
-        path = source / name
-        if path.is_file():  # a deleted file is still listed until the deletion is staged
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target / name)
+    else:
+        for name in filter(None, out.split("\0")):
+            path = source / name
+            if path.is_file():  # a deleted file is still listed until the deletion is staged
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target / name)
+    for path in target.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o755 if path.stat().st_mode & 0o111 else 0o644)
 
 
 def epoch_of(source: Path) -> str:
