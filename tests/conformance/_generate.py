@@ -15,9 +15,12 @@ pods), pods with one or two containers, and a timeline of episodes:
 Generated scenarios run on the lines we follow (1.37 and 1.38). Their
 deliberate differences are not guessed: a small model of both sides (the
 kubelet's lazy expiry, clearDriver and second phase; our deadline task and
-per-endpoint end) predicts at which sync point the announced pods differ and
-why, and the scenario declares exactly that, so a prediction that does not
-come true fails the run like an undeclared difference does.
+per-endpoint end) predicts at which sync point which pod is announced by one
+side only, and why, and the scenario declares exactly that (the sync point,
+the pod, and which side announced it); a message cut inside a character is
+declared at the sync points where our side still shows it, for that device
+and the status entries that list it. A prediction that does not come true
+fails the run like an undeclared difference does.
 
 The timeline keeps away from what the model does not cover: a short-lease
 device is never reported again before its deadline has passed, a device
@@ -68,7 +71,7 @@ class _Model:
         self.ours_unknown: set[Key] = set()  # expired or ended on our side (visible Unknown)
         self.announced_kubelet: set[str] = set()
         self.announced_ours: set[str] = set()
-        self.causes: set[str] = set()
+        self.causes: dict[str, set[str]] = {}  # pod -> why it was announced
         self.expired_handled: set[Key] = set()
 
     def _pods(self, key: Key) -> set[str]:
@@ -90,8 +93,7 @@ class _Model:
                 self.ours_unknown.add(key)
                 if rec.value != ("Unknown", ""):
                     self.announced_ours |= self._pods(key)
-                    if self._pods(key):
-                        self.causes.add("unknown-at-deadline")
+                    self._cause(key, "unknown-at-deadline")
 
     def report(self, driver: str, devices: list[tuple[str, tuple[str, str], float]], now: float):
         self.advance(now)
@@ -119,8 +121,7 @@ class _Model:
             if now - rec.at > rec.lease:
                 if rec.value[0] != "Unknown":
                     self.announced_kubelet |= self._pods((driver, name))
-                    if self._pods((driver, name)):
-                        self.causes.add("unknown-at-deadline")
+                    self._cause((driver, name), "unknown-at-deadline")
                 del kub[name]
                 ours.pop(name, None)  # we delete expired entries too (after the notice)
 
@@ -131,14 +132,17 @@ class _Model:
             key = (driver, name)
             if self.ours_visible(key, now) != ("Unknown", ""):
                 self.announced_ours |= self._pods(key)
-                if self._pods(key):
-                    self.causes.add("notify-at-stream-end")
+                self._cause(key, "notify-at-stream-end")
             self.ours_unknown.add(key)
 
-    def sync(self, now: float) -> tuple[set[str], set[str], set[str]]:
+    def _cause(self, key: Key, cause: str) -> None:
+        for pod in self._pods(key):
+            self.causes.setdefault(pod, set()).add(cause)
+
+    def sync(self, now: float) -> tuple[set[str], set[str], dict[str, set[str]]]:
         self.advance(now)
         out = (self.announced_ours, self.announced_kubelet, self.causes)
-        self.announced_ours, self.announced_kubelet, self.causes = set(), set(), set()
+        self.announced_ours, self.announced_kubelet, self.causes = set(), set(), {}
         return out
 
 
@@ -153,7 +157,8 @@ class _Plan:
     syncs: int = 0
     current: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     split_messages: set[Key] = dataclasses.field(default_factory=set)
-    visible_split: bool = False
+    visible_split: dict[str, set[Key]] = dataclasses.field(default_factory=dict)
+    """Sync point -> devices whose message (cut inside a character) our side shows."""
 
     def __post_init__(self) -> None:
         self.model = _Model(self.users)
@@ -164,15 +169,19 @@ class _Plan:
         name = f"s{self.syncs}"
         self.steps.append({"sync": name})
         ours, kubelet, causes = self.model.sync(self.now)
-        if ours != kubelet:
+        # One declaration per (cause, side): the pods only that side announced.
+        grouped: dict[tuple[str, bool], list[str]] = {}
+        for pod in sorted(ours ^ kubelet):
+            for cause in sorted(causes.get(pod) or {"unknown-at-deadline"}):
+                grouped.setdefault((cause, pod in ours), []).append(f"pod {pod}")
+        for (cause, by_ours), subjects in sorted(grouped.items()):
             self.differences.append(
-                {"feature": sorted(causes)[0] if causes else "unknown-at-deadline",
-                 "kinds": ["announced"], "at": [name], "extra": sorted(causes)[1:]}
+                {"feature": cause, "kinds": ["announced"], "at": [name], "subject": subjects,
+                 "field": ["announced"], "ours": by_ours, "twin": not by_ours}
             )  # fmt: skip
-        if any(
-            self.model.ours_visible(k, self.now) != ("Unknown", "") for k in self.split_messages
-        ):
-            self.visible_split = True
+        shown = {k for k in self.split_messages if self.model.ours_visible(k, self.now)[1]}
+        if shown:
+            self.visible_split[name] = shown
 
     def wait(self, seconds: float) -> None:
         seconds = round(seconds, 2)
@@ -348,12 +357,9 @@ def scenario(seed: int, *, slow: bool = False) -> sc.Scenario:
         if rng.random() < 0.25 and _end_episode(plan, driver):
             continue
         _report_episode(plan, driver)
-    differences = []
-    for diff in plan.differences:
-        for feature in [diff["feature"], *diff["extra"]]:
-            differences.append({"feature": feature, "kinds": diff["kinds"], "at": diff["at"]})
-    if plan.visible_split:
-        differences.append({"feature": "message-char-boundary", "kinds": ["status", "devices"]})
+    differences = list(plan.differences)
+    for at, keys in sorted(plan.visible_split.items()):
+        differences += _split_declarations(at, keys, claims, pods)
     return sc.Scenario.model_validate(
         {
             "name": f"generated-{seed}",
@@ -367,6 +373,37 @@ def scenario(seed: int, *, slow: bool = False) -> sc.Scenario:
             "generated": True,
         }
     )
+
+
+def _split_declarations(
+    at: str, keys: set[Key], claims: list[dict[str, Any]], pods: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``message-char-boundary`` at one sync point: the message of each device whose
+    message is cut inside a character, in our cache and in every status entry listing it
+    (entry ``claim:<ref>[/<request>]``, resource ``<driver>/pool/<device>``)."""
+    feature = "message-char-boundary"
+    devices = sorted(f"{d}/pool/{n}" for d, n in keys)
+    out = [{"feature": feature, "kinds": ["devices"], "at": [at], "subject": devices,
+            "field": ["message"]}]  # fmt: skip
+    by_claim = {c["name"]: c for c in claims}
+    fields: dict[str, set[str]] = {}  # subject -> fields
+    for pod in pods:
+        refs = {r["name"]: by_claim[r["claim"]] for r in pod["claims"]}
+        for container in pod["containers"]:
+            for used in container["claims"]:
+                ref, _, request = used.partition("/")
+                entry = f"claim:{ref}/{request}" if request else f"claim:{ref}"
+                for d in refs[ref]["devices"]:
+                    if (d["driver"], d["device"]) in keys:
+                        subject = f"pod {pod['name']} containerStatuses[{container['name']}]"
+                        rid = f"{d['driver']}/{d['pool']}/{d['device']}"
+                        fields.setdefault(subject, set()).add(
+                            f"entry {entry} resource {rid} message"
+                        )
+    for subject, names in sorted(fields.items()):
+        out.append({"feature": feature, "kinds": ["status"], "at": [at],
+                    "subject": [subject], "field": sorted(names)})  # fmt: skip
+    return out
 
 
 def every_run() -> list[sc.Scenario]:
