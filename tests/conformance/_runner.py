@@ -221,7 +221,7 @@ class Run:
             await self._start_endpoint(driver, "main", register=driver.registered)
         for pod in self.scenario.pods:
             if pod.prepare:
-                await self._prepare(pod.name)
+                await self._prepare(pod.name, fails=pod.prepare_fails)
         await self._settle()
 
     async def _claims_from_apiserver(self) -> None:
@@ -510,10 +510,10 @@ class Run:
         await asyncio.sleep(SETTLE)
 
     async def _do_prepare(self, args: sc.PodRef) -> None:
-        await self._prepare(args.pod)
+        await self._prepare(args.pod, fails=args.fails)
         await self._settle()
 
-    async def _prepare(self, name: str) -> None:
+    async def _prepare(self, name: str, *, fails: bool) -> None:
         pod = self.pods[name]
         twin = await self.twin.prepare(pod)
         twin_error = "" if twin.get("ok") and not twin.get("error") else str(twin.get("error"))
@@ -526,14 +526,16 @@ class Run:
                 f"prepare of pod {name} failed with the Go helper driver: "
                 f"twin: {twin_error or 'prepared'}; ours: {ours or 'prepared'}"
             )
-        self._compare_prepare(name, ours, twin_error)
+        self._compare_prepare(name, ours, twin_error, fails=fails)
 
-    def _compare_prepare(self, name: str, ours: str | None, twin_error: str) -> None:
+    def _compare_prepare(
+        self, name: str, ours: str | None, twin_error: str, *, fails: bool
+    ) -> None:
         """By content: the outcome (both failing is the same only where the scenario says
         the pod's prepare fails) and, when both failed, which of the pod's claims each
         error names."""
         subject = f"pod {name}"
-        expected = "failed" if self.scenario.pod(name).prepare_fails else "prepared"
+        expected = "failed" if fails else "prepared"
         ours_out = "failed" if ours else "prepared"
         twin_out = "failed" if twin_error else "prepared"
         self.tally.compare("prepare", self.at, subject, "outcome")
@@ -756,8 +758,8 @@ def _crash_reason(text: str) -> str:
     """The twin's failure in a form a declaration can fix: the Go panic's first line (no
     addresses or goroutine numbers), else the error's first line."""
     for line in text.splitlines():
-        if line.startswith("panic: "):
-            return line.strip()
+        if "panic: " in line:
+            return line[line.index("panic: ") :].strip()
     return text.splitlines()[0].strip() if text else ""
 
 

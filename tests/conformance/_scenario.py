@@ -235,7 +235,7 @@ class Pod(_Model):
     prepare: bool = True
     """Prepared (PrepareResources) before the timeline starts."""
     prepare_fails: bool = False
-    """PrepareResources fails for this pod (on both sides unless a difference is
+    """The prepare before the timeline fails (on both sides unless a difference is
     declared): only then is a failure on both sides the same."""
 
     @pydantic.model_validator(mode="after")
@@ -308,6 +308,9 @@ class Wait(_Step):
 
 class PodRef(_Step):
     pod: str
+    fails: bool = False
+    """``prepare`` only: PrepareResources fails (on both sides unless a difference is
+    declared): only then is a failure on both sides the same."""
 
 
 class PauseUpdates(_Step):

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import pathlib
 import sys
@@ -98,10 +99,13 @@ def masked_summary(results: Sequence[_runner.RunResult], *, detail: bool = False
     return "\n".join(lines + rows)
 
 
-def observed_line(obs: _compare.Observed) -> str:
-    """One difference as a declaration would scope it."""
-    values = json.dumps({"ours": obs.ours, "twin": obs.twin}, ensure_ascii=False)
-    return f"[{obs.kind}] at={obs.at!r} subject={obs.subject!r} field={obs.field!r} {values[:300]}"
+def observed_json(line: str, scenario: str, obs: _compare.Observed) -> str:
+    """One difference as a declaration would scope it (one JSON object)."""
+    return json.dumps(
+        {"line": line, "scenario": scenario, **dataclasses.asdict(obs)},
+        ensure_ascii=False,
+        default=str,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-matrix", action="store_true")
     parser.add_argument("--masked-detail", action="store_true", help="per declaration")
     parser.add_argument(
-        "--show-observed", action="store_true", help="every difference, declared or not"
+        "--dump-observed", type=pathlib.Path, help="write every difference (JSON lines) here"
     )
     parser.add_argument("--scenario-dir", type=pathlib.Path, default=sc.SCENARIO_DIR)
     parser.add_argument(
@@ -135,10 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = stack.enter_context(_godriver.started_env(helpers)) if helpers else None
         for line in lines:
             status |= _one_line(scenarios, line, ns.concurrency, env, results, ns.masked_detail)
-            if ns.show_observed:
-                for result in results[line]:
-                    for obs in result.observed:
-                        print(f"OBSERVED {line} {result.scenario}: {observed_line(obs)}")
+            if ns.dump_observed:
+                with ns.dump_observed.open("a", encoding="utf-8") as out:
+                    for result in results[line]:
+                        for obs in result.observed:
+                            out.write(observed_json(line, result.scenario, obs) + "\n")
     if ns.write_matrix:
         _matrix.write([s for s in scenarios if not s.generated], results)
     return status

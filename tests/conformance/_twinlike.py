@@ -110,7 +110,11 @@ class ProcessTwin:
             return "(still running)"
         with contextlib.suppress(Exception):
             text = (await asyncio.wait_for(self._stderr, 5)).decode(errors="replace")
-            return text[-limit:]
+            # A Go panic's own line comes before its goroutine dump: keep it in front, so
+            # a declaration can name the crash (the tail alone may have lost it).
+            panic = next((ln for ln in text.splitlines() if ln.startswith("panic: ")), "")
+            tail = text[-limit:]
+            return f"{panic}\n{tail}" if panic and panic not in tail else tail
         return ""
 
     async def start(self, state_dir: str, node_name: str) -> Reply:
