@@ -50,6 +50,8 @@ ATTEMPTS = 3
 """Runs of a scenario whose timing a slow machine could not keep (never one that
 showed a difference)."""
 STATE_FILE = "dra_health_state"
+STREAM_DEADLINE = 10.0
+"""Longest wait for one side's health stream after it registered (a loaded machine)."""
 
 
 class TimingError(Exception):
@@ -324,15 +326,16 @@ class Run:
         before = dict(drv.calls)
         twin = await self.twin.register(driver, socket, services)
         if twin.get("ok") and twin_streams(self.line, services):
-            await _until(lambda: _stream_calls(drv) > _count_streams(before), 3.0)
+            await _until(lambda: _stream_calls(drv) > _count_streams(before), STREAM_DEADLINE)
         twin_stream = _new_streams(before, drv.calls)
         before = dict(drv.calls)
         ours = await self.ours.register(driver, socket, services)
         if ours is None and health:
-            await _until(lambda: _stream_calls(drv) > _count_streams(before), 3.0)
+            await _until(lambda: _stream_calls(drv) > _count_streams(before), STREAM_DEADLINE)
         ours_stream = _new_streams(before, drv.calls)
-        self._compare_registration(driver, socket, twin, ours, refused=False)
-        subject = f"register {driver} at {socket}"
+        # Subjects name the scenario's endpoint ("main"), not the run's socket path.
+        self._compare_registration(driver, endpoint, twin, ours, refused=False)
+        subject = f"register {driver} at {endpoint}"
         self.tally.compare("registration", self.at, subject, "health stream")
         if twin.get("ok") and ours is None and ours_stream != twin_stream:
             self.observed.append(
