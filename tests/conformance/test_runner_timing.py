@@ -112,3 +112,12 @@ async def test_differences_of_an_attempt_that_failed_on_timing_fail_the_run(
     attempts.clear()
     result = await _runner.run_one(declared, "1.38", factory)
     assert result.verdict.earlier == [] and result.earlier == [differs]
+
+
+def test_a_twin_crash_is_named_by_its_panic_line_and_streams_by_version() -> None:
+    text = "report: ConnectionResetError panic: assignment to entry in nil map\n\ngoroutine 7 [x]:"
+    assert _runner._crash_reason(text) == "panic: assignment to entry in nil map"
+    assert _runner._crash_reason("sync failed: boom\nmore") == "sync failed: boom"
+    before = {"NodeWatchResources/v1": 1, "GetInfo": 1}
+    after = {"NodeWatchResources/v1": 1, "NodeWatchResources/v1alpha1": 1, "GetInfo": 2}
+    assert _runner._new_streams(before, after) == ["v1alpha1"]
