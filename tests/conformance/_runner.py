@@ -326,12 +326,12 @@ class Run:
         before = dict(drv.calls)
         twin = await self.twin.register(driver, socket, services)
         if twin.get("ok") and twin_streams(self.line, services):
-            await _until(lambda: _stream_calls(drv) > _count_streams(before), STREAM_DEADLINE)
+            await self._stream_opened(drv, before, "the twin")
         twin_stream = _new_streams(before, drv.calls)
         before = dict(drv.calls)
         ours = await self.ours.register(driver, socket, services)
         if ours is None and health:
-            await _until(lambda: _stream_calls(drv) > _count_streams(before), STREAM_DEADLINE)
+            await self._stream_opened(drv, before, "our side")
         ours_stream = _new_streams(before, drv.calls)
         # Subjects name the scenario's endpoint ("main"), not the run's socket path.
         self._compare_registration(driver, endpoint, twin, ours, refused=False)
@@ -345,6 +345,12 @@ class Run:
             )
         self.registered[(driver, endpoint)] = socket
         await asyncio.sleep(SETTLE)
+
+    async def _stream_opened(self, drv: Driver, before: Mapping[str, int], side: str) -> None:
+        """A side that registered a health service opens a stream (every line does, even one
+        the driver answers UNIMPLEMENTED): not within the deadline is the machine's timing."""
+        if not await _until(lambda: _stream_calls(drv) > _count_streams(before), STREAM_DEADLINE):
+            raise TimingError(f"{side} opened no health stream within {STREAM_DEADLINE:g}s")
 
     def _compare_registration(
         self,
@@ -521,6 +527,9 @@ class Run:
         twin = await self.twin.prepare(pod)
         twin_error = "" if twin.get("ok") and not twin.get("error") else str(twin.get("error"))
         ours = await self.ours.prepare(pod, self.claims)
+        if any("DEADLINE_EXCEEDED" in text for text in (twin_error, ours or "")):
+            # The driver's answer came too late on a loaded machine: timing, not a result.
+            raise TimingError(f"prepare of pod {name} timed out: {ours or twin_error}")
         if (twin_error or ours) and self.scenario.uses_go_helper():
             # Its claims come from the kube-apiserver and it prepares every claim: a failure
             # is a broken run (claims or answers not what the scenario says), and a failure
