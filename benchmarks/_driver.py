@@ -12,7 +12,8 @@ Control: JSON lines on stdin, events as JSON lines on stdout.
   messages of ``--chunk`` devices; sweep k uses pattern 1 + k % 2, the last
   one pattern P. Prints ``{"event": "sent", "t": <wall time>}`` when written.
 - ``{"op": "once", "pattern": P}``: one sweep of pattern P.
-- ``{"op": "storm", "reports": R, "per_message": K, "rate": X, "seed": S}``:
+- ``{"op": "storm", "reports": R, "per_message": K, "rate": X, "seed": S}``
+  (optional ``"among": [device indices]``):
   R device reports (see :func:`storm_sequence`) in messages of K, paced at X
   reports a second; ``sent`` carries the first and last send times.
 - ``{"op": "steady", "pattern": P, "period": T}``: resend pattern P every T s.
@@ -32,7 +33,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -41,7 +42,7 @@ from kubelet_dra._proto.dra_health.v1 import api_pb2 as pb
 from kubelet_dra.testing import FakeDriver
 
 POOL = "pool"
-_HEALTHY, _UNHEALTHY = 1, 2
+_HEALTHY, _UNHEALTHY = pb.HEALTHY, pb.UNHEALTHY
 
 
 def pattern_health(i: int, pattern: int) -> str:
@@ -61,16 +62,22 @@ def sweep_patterns(sweeps: int, final: int) -> list[int]:
     return [final if k == sweeps - 1 else 1 + k % 2 for k in range(sweeps)]
 
 
-def storm_sequence(seed: int, reports: int, devices: int) -> Iterator[tuple[int, str]]:
-    """The storm's reports: (device index, health), reproducible from the seed."""
+def storm_sequence(
+    seed: int, reports: int, devices: int, among: Sequence[int] | None = None
+) -> Iterator[tuple[int, str]]:
+    """The storm's reports: (device index, health), reproducible from the seed; of the
+    devices ``among`` only, if given."""
     rng = random.Random(seed)
     for _ in range(reports):
-        yield rng.randrange(devices), ("Unhealthy" if rng.random() < 0.5 else "Healthy")
+        device = among[rng.randrange(len(among))] if among else rng.randrange(devices)
+        yield device, ("Unhealthy" if rng.random() < 0.5 else "Healthy")
 
 
-def storm_final(seed: int, reports: int, devices: int, base: int = 0) -> dict[int, str]:
+def storm_final(
+    seed: int, reports: int, devices: int, base: int = 0, among: Sequence[int] | None = None
+) -> dict[int, str]:
     state = {i: pattern_health(i, base) for i in range(devices)}
-    for device, health in storm_sequence(seed, reports, devices):
+    for device, health in storm_sequence(seed, reports, devices, among):
         state[device] = health
     return state
 
@@ -154,8 +161,10 @@ class BenchDriver(FakeDriver):
         for queue in self._queues:
             queue.put_nowait(item)
 
-    async def storm(self, reports: int, per_message: int, rate: float, seed: int) -> None:
-        entries = list(storm_sequence(seed, reports, self.devices))
+    async def storm(
+        self, reports: int, per_message: int, rate: float, seed: int, among: Any = None
+    ) -> None:
+        entries = list(storm_sequence(seed, reports, self.devices, among))
         messages = [
             encode(entries[s : s + per_message], self.lease)
             for s in range(0, len(entries), per_message)

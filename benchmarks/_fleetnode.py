@@ -14,7 +14,8 @@ Control: JSON lines on stdin, answers on stdout.
 sets those devices of those nodes' drivers (null: every device) and answers
 ``{"event": "sent", "t": <wall clock after the last send>}``;
 ``{"op": "stats"}`` answers RSS, CPU seconds, the writers' request counters and
-the request-body bytes every node's client sent (counted in urllib3);
+the request-body bytes every node's client sent (counted in urllib3 and in the
+status PATCH's event-loop transport);
 ``{"op": "lists", "since": T}`` answers every pod LIST a node started at or
 after wall time ``T``: ``[[t, ok], ...]`` (``ok``: the server answered it);
 ``{"op": "jitter", "on": false}`` makes every node's relist backoff draw the
@@ -45,8 +46,14 @@ _SENT_BYTES = [0, 0]  # request-body bytes, requests: every client in this proce
 
 
 def count_request_bytes() -> None:
-    """Count request bodies at urllib3's ``urlopen`` (every ApiClient goes through it)."""
+    """Count request bodies on both ways a node sends: urllib3's ``urlopen`` (every
+    ``ApiClient`` call: lists, claim reads, events) and the status PATCH's event-loop
+    transport (``kube/asyncpatch.py``), at its ``_send``: a repeat after a 401 counts
+    again, the one repeat on a fresh connection when a kept-alive one was found closed
+    (inside ``_send``) does not."""
     import urllib3.connectionpool
+
+    from kubelet_dra.kube import asyncpatch
 
     original = urllib3.connectionpool.HTTPConnectionPool.urlopen
 
@@ -56,6 +63,14 @@ def count_request_bytes() -> None:
         return original(self, method, url, body, *a, **kw)
 
     urllib3.connectionpool.HTTPConnectionPool.urlopen = urlopen  # type: ignore[method-assign]
+    send = asyncpatch.Transport._send
+
+    async def counted(self: Any, method: str, path: str, query: str, body: bytes, *a: Any) -> Any:
+        _SENT_BYTES[0] += len(body)
+        _SENT_BYTES[1] += 1
+        return await send(self, method, path, query, body, *a)
+
+    asyncpatch.Transport._send = counted  # type: ignore[method-assign,assignment]
 
 
 _LISTS: list[tuple[float, bool]] = []  # every pod LIST a node started: wall time, answered

@@ -25,17 +25,26 @@ exempt from every inflight limit and from APF.
 Costs come from the servers: requests by verb and resource from the
 apiserver's own ``apiserver_request_total`` (watches excluded, the
 benchmark's own requests subtracted), response bytes from
-``apiserver_response_sizes``, request-body bytes counted in each worker's
-urllib3, apiserver CPU seconds from ``/proc/<pid>/stat``, etcd growth from
-etcd's ``etcd_mvcc_db_total_size_in_bytes`` and its revision (one per write).
+``apiserver_response_sizes``, request-body bytes counted in each worker (in
+urllib3 and in the status PATCH's event-loop transport, ``kube/asyncpatch.py``;
+the kubelet baseline's: the bodies it sent), apiserver CPU seconds from
+``/proc/<pid>/stat``, etcd growth from etcd's ``etcd_mvcc_db_total_size_in_bytes``
+and its revision (one per write).
 Visibility is timed by a watch on every pod, from the driver's send to the
 watch event that shows the pod's new health.
 
 Baseline, same run, same pods: the kubelet's status manager writes a device
 change as a GET of the pod and a strategic-merge patch of its status carrying
-the whole ``containerStatuses`` list (the list has no merge key, so the patch
+the whole ``containerStatuses`` list (the list is atomic, so the patch
 replaces it whole). The benchmark does that for twin pods (same spec, claims
-and status, on node names no node of ours serves) for the same changes.
+and status, on node names no node of ours serves) for the same changes, with
+the kubelet's content types: answers in protobuf (the kubelet's default
+``--kube-api-content-type``), the patch body in JSON (as the kubelet sends
+every patch). Our nodes ask for JSON.
+
+Every size runs ``runs`` times (a fresh apiserver and etcd each); the
+comparison with the kubelet's way and the summary are medians over the runs,
+the per-phase tables are those of the first run.
 """
 
 from __future__ import annotations
@@ -88,9 +97,10 @@ class Config:
     #: one queue's length (requests beyond its seats + this many are answered 429).
     apf_rack: float = RACK
     apf_queue: int = 4
+    runs: int = 1
 
 
-FULL = Config(sizes=(10, 50, 100, 200), processes=4, steady_seconds=20.0, flaps=3)
+FULL = Config(sizes=(10, 50, 100, 200), processes=4, steady_seconds=20.0, flaps=3, runs=3)
 QUICK = Config(sizes=(10, 50), processes=4, steady_seconds=5.0, flaps=1)
 #: The interop test's size: every node fails in case (e) and the queue holds one request,
 #: so 4 nodes x 8 concurrent writes against 3 seats + 1 are sure to meet 429s.
@@ -436,12 +446,101 @@ def expected(
 
 # -- the baseline: the kubelet's GET + strategic-merge patch of the whole status -------------
 
+#: What the kubelet's client accepts: its ``--kube-api-content-type`` defaults to protobuf
+#: (``pkg/kubelet/apis/config/v1beta1/defaults.go``), and ``setContentTypeForClient`` in
+#: ``cmd/kubelet/app/server.go`` then accepts protobuf, else JSON.
+KUBELET_ACCEPT = "application/vnd.kubernetes.protobuf,application/json"
+#: The envelope every protobuf answer of the apiserver starts with (``runtime.Unknown``).
+PROTOBUF_MAGIC = b"k8s\x00"
+SMP = "application/strategic-merge-patch+json"
 
-def kubelet_write(core: Any, key: Key, health: dict[str, str]) -> None:
-    """What the kubelet's status manager sends for a pod: GET, then an SMP with its uid and
-    the whole containerStatuses list (allocatedResourcesStatus set to ``health``)."""
+
+def _pb_fields(data: bytes) -> dict[int, list[bytes | int]]:
+    """The fields of one protobuf message, by number (varints as ints, the rest as bytes):
+    just enough wire format to read a pod's name, uid and resourceVersion back."""
+    found: dict[int, list[bytes | int]] = {}
+    at = 0
+
+    def varint() -> int:
+        nonlocal at
+        value = shift = 0
+        while True:
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value
+
+    while at < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            found.setdefault(number, []).append(varint())
+        elif wire == 2:
+            size = varint()
+            found.setdefault(number, []).append(data[at : at + size])
+            at += size
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            found.setdefault(number, []).append(data[at : at + size])
+            at += size
+        else:
+            raise ValueError(f"protobuf wire type {wire} not expected in a pod")
+    return found
+
+
+def protobuf_pod_meta(answer: bytes) -> tuple[str, str, str]:
+    """(name, uid, resourceVersion) of a pod in the apiserver's protobuf encoding:
+    ``k8s\\0`` + ``runtime.Unknown`` whose ``raw`` (2) is the ``v1.Pod``, whose
+    ``metadata`` (1) is an ``ObjectMeta``: name 1, uid 5, resourceVersion 6."""
+    if not answer.startswith(PROTOBUF_MAGIC):
+        raise c.CheckFailed(
+            f"the kubelet baseline's GET was not answered in protobuf: {answer[:40]!r}"
+        )
+    raw = _pb_fields(answer[len(PROTOBUF_MAGIC) :])[2][0]
+    meta = _pb_fields(bytes(_pb_fields(bytes(raw))[1][0]))
+
+    def text(number: int) -> str:
+        values = meta.get(number) or [b""]
+        return bytes(values[0]).decode()
+
+    return text(1), text(5), text(6)
+
+
+def _raw(api: Any, method: str, path: str, body: Any = None) -> bytes:
+    """One request as the kubelet's client sends it (protobuf accepted); the raw answer."""
+    headers = {"Accept": KUBELET_ACCEPT}
+    if body is not None:
+        headers["Content-Type"] = SMP
+    request = api.param_serialize(
+        method=method, resource_path=path, header_params=headers, body=body,
+        auth_settings=["BearerToken"],
+    )  # fmt: skip
+    response = api.call_api(*request, _request_timeout=(5, 30))
+    response.read()
+    if not 200 <= response.status <= 299:
+        raise c.CheckFailed(f"kubelet baseline {method} {path}: {response.status}")
+    return bytes(response.data)
+
+
+def kubelet_write(api: Any, watcher: Watcher, key: Key, health: dict[str, str]) -> int:
+    """What the kubelet's status manager sends for a pod: GET (answered in protobuf), then
+    a strategic-merge patch with its uid and the whole containerStatuses list
+    (allocatedResourcesStatus set to ``health``), answered in protobuf. The patch body is
+    JSON, as the kubelet's is (a patch has no protobuf form: ``PatchPodStatus`` in
+    ``pkg/util/pod`` marshals it with ``json`` and sends it as ``StrategicMergePatchType``).
+    Returns the bytes of the body sent.
+
+    The Python client cannot decode protobuf, so the status to patch is taken from
+    the watch's JSON copy of the same pod, once the GET's resourceVersion (read from
+    the protobuf) says that copy is the one the GET returned."""
     namespace, name = key
-    pod = json.loads(core.read_namespaced_pod(name, namespace, _preload_content=False).data)
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    got, uid, version = protobuf_pod_meta(_raw(api, "GET", path))
+    pod = _watched(watcher, key, version)
+    if got != name or pod["metadata"]["uid"] != uid:
+        raise c.CheckFailed(f"kubelet baseline: GET of {key} answered pod {got} ({uid})")
     statuses = copy.deepcopy(pod["status"].get("containerStatuses") or [])
     for cs in statuses:
         cs["allocatedResourcesStatus"] = [
@@ -452,11 +551,22 @@ def kubelet_write(core: Any, key: Key, health: dict[str, str]) -> None:
                 ],
             }
         ]
-    body = {"metadata": {"uid": pod["metadata"]["uid"]}, "status": {"containerStatuses": statuses}}
-    core.patch_namespaced_pod_status(
-        name, namespace, body, _content_type="application/strategic-merge-patch+json",
-        _preload_content=False,
-    )  # fmt: skip
+    body = {"metadata": {"uid": uid}, "status": {"containerStatuses": statuses}}
+    _raw(api, "PATCH", f"{path}/status", body)
+    return len(json.dumps(body))  # what the client's rest layer sends (json.dumps)
+
+
+def _watched(watcher: Watcher, key: Key, version: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The watch's copy of pod ``key`` at ``version`` (the watch may lag the GET)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with watcher.lock:
+            pod = watcher.objects.get(key)
+        if pod is not None and pod["metadata"]["resourceVersion"] == version:
+            return pod
+        if time.monotonic() > deadline:
+            raise c.CheckFailed(f"kubelet baseline: the watch never showed {key} at {version}")
+        time.sleep(0.01)
 
 
 # -- the fleet's worker processes -------------------------------------------------------------
@@ -618,26 +728,19 @@ def baseline_phase(
     name: str, servers: Servers, watcher: Watcher, api: Any,
     wanted: dict[Key, dict[str, str]], device_changes: int, threads: int,
 ) -> Phase:  # fmt: skip
-    """The kubelet's way for the twins: one GET + SMP per pod, ``threads`` kubelets at once."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
-    sent = [0.0]
+    """The kubelet's way for the twins: one GET + SMP per pod, ``threads`` kubelets at once;
+    the request bytes are the bodies it sent."""
+    sent: list[int] = []
 
     def change() -> float:
         started = time.time()
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda kv: kubelet_write(core, kv[0], kv[1]), wanted.items()))
+            sent.extend(pool.map(lambda kv: kubelet_write(api, watcher, kv[0], kv[1]),
+                                 wanted.items()))  # fmt: skip
         return started
 
     phase = run_phase(name, servers, watcher, None, change, wanted, device_changes, 120)
-    # Request bytes of the baseline: the bodies it sent, rebuilt the same way.
-    for key in wanted:
-        pod = watcher.objects.get(key) or {}
-        statuses = (pod.get("status") or {}).get("containerStatuses") or []
-        body = {"metadata": {"uid": "x" * 36}, "status": {"containerStatuses": statuses}}
-        sent[0] += len(json.dumps(body))
-    phase.sent_bytes = sent[0]
+    phase.sent_bytes = float(sum(sent))
     return phase
 
 
@@ -1000,15 +1103,45 @@ async def run(config: Config) -> c.Outcome:
     results = []
     with c.short_tmpdir("kfl") as workdir:
         for n in config.sizes:
-            t0 = time.time()
-            results.append(_size(n, config, bins, workdir / f"n{n}", out))
-            out.notes.append(f"{n} nodes: {time.time() - t0:.0f} s (objects created in "
-                             f"{results[-1]['populate_s']:.0f} s)")  # fmt: skip
+            for k in range(config.runs):
+                t0 = time.time()
+                results.append(_size(n, config, bins, workdir / f"n{n}-{k}", out))
+                results[-1]["run"] = k
+                out.notes.append(f"{n} nodes, run {k + 1}: {time.time() - t0:.0f} s (objects "
+                                 f"created in {results[-1]['populate_s']:.0f} s)")  # fmt: skip
     report(out, results, config)
     return out
 
 
+def by_size(results: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """The runs of each fleet size, in the order they ran."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    for r in results:
+        found.setdefault(int(r["nodes"]), []).append(r)
+    return found
+
+
+def _per_change(result: dict[str, Any], kind: str) -> dict[str, float]:
+    """Ours and the kubelet's way, per device change, in one run: requests, bytes, CPU ms
+    and etcd writes, keyed ``ours_requests`` ... ``kubelet_revisions``."""
+    found: dict[str, float] = {}
+    for side, prefix in (("ours", kind), ("kubelet", f"kubelet {kind}")):
+        totals = _totals(result["phases"], prefix)
+        for field in ("requests", "bytes", "cpu", "revisions"):
+            scale = 1000.0 if field == "cpu" else 1.0
+            found[f"{side}_{field}"] = _per(totals[field], totals["changes"]) * scale
+    return found
+
+
+def _med(runs: list[dict[str, float]], key: str) -> str:
+    """Median [min-max] of ``key`` over runs (the bare figure for one run)."""
+    spread = c.Spread.of(r[key] for r in runs)
+    return c.num(spread.median) if spread.n <= 1 else spread.fmt()
+
+
 def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> None:
+    sizes = by_size(results)
+    results = [runs[0] for runs in sizes.values()]  # the per-phase tables: the first run
     rows = [_phase_row(r["nodes"], p) for r in results for p in r["phases"]]
     out.table(
         "Fleet: cost and visibility per phase (requests to pods, pods/status, resourceclaims "
@@ -1021,24 +1154,20 @@ def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> Non
         rows,
     )  # fmt: skip
     cmp_rows = []
-    for r in results:
+    for n, runs in sizes.items():
         for kind in ("flap", "rack"):
-            ours, theirs = _totals(r["phases"], kind), _totals(r["phases"], f"kubelet {kind}")
+            per = [_per_change(r, kind) for r in runs]
             cmp_rows.append((
-                r["nodes"], kind,
-                c.num(_per(ours["requests"], ours["changes"])),
-                c.num(_per(theirs["requests"], theirs["changes"])),
-                c.num(_per(ours["bytes"], ours["changes"])),
-                c.num(_per(theirs["bytes"], theirs["changes"])),
-                c.num(_per(ours["cpu"], ours["changes"]) * 1000),
-                c.num(_per(theirs["cpu"], theirs["changes"]) * 1000),
-                c.num(_per(ours["revisions"], ours["changes"])),
-                c.num(_per(theirs["revisions"], theirs["changes"])),
+                n, kind, len(runs),
+                *(_med(per, f"{side}_{field}") for field in ("requests", "bytes", "cpu",
+                                                             "revisions")
+                  for side in ("ours", "kubelet")),
             ))  # fmt: skip
     out.table(
-        "Fleet against the kubelet's way (GET + strategic-merge patch of the whole status), "
-        "per device health change",
-        ["nodes", "phase", "requests: ours", "requests: kubelet", "bytes: ours",
+        "Fleet against the kubelet's way (GET + strategic-merge patch of the whole status, "
+        "answers in protobuf, the patch in JSON, as the kubelet sends them), per device "
+        "health change; median [min-max] over the runs",
+        ["nodes", "phase", "runs", "requests: ours", "requests: kubelet", "bytes: ours",
          "bytes: kubelet", "apiserver CPU ms: ours", "CPU ms: kubelet", "etcd writes: ours",
          "etcd writes: kubelet"],
         cmp_rows,
@@ -1076,19 +1205,24 @@ def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> Non
         [row for r in results for row in _apf_rows(r)],
     )  # fmt: skip
     biggest = results[-1]
-    ours, theirs = _totals(biggest["phases"], "rack"), _totals(biggest["phases"], "kubelet rack")
-    cost = _per(ours["requests"], ours["changes"])
-    base = _per(theirs["requests"], theirs["changes"])
+    runs = sizes[int(biggest["nodes"])]
+    per = [_per_change(r, "rack") for r in runs]
+    cost = c.Spread.of(x["ours_requests"] for x in per).median
+    base = c.Spread.of(x["kubelet_requests"] for x in per).median
+    ratio = c.Spread.of(_per(x["ours_requests"], x["kubelet_requests"]) for x in per).median
+    med = f" (medians of {len(runs)} runs)" if len(runs) > 1 else ""
     out.summary.append(
         c.SummaryRow(
             f"9 fleet, rack failure, {biggest['nodes']} nodes",
-            f"{c.num(cost)} requests, {c.num(_per(ours['bytes'], ours['changes']))} B "
-            "per device change",
-            f"{c.num(base)} requests (kubelet GET + SMP)",
-            f"{c.num(_per(cost, base))}x",
+            f"{c.num(cost)} requests, {c.num(c.Spread.of(x['ours_bytes'] for x in per).median)}"
+            f" B per device change{med}",
+            f"{c.num(base)} requests, "
+            f"{c.num(c.Spread.of(x['kubelet_bytes'] for x in per).median)} B (kubelet GET + "
+            "SMP, protobuf answers)",
+            f"{c.num(ratio)}x",
             "report",
             None,
-            value=_per(cost, base),
+            value=ratio,
             better="lower",
         )
     )
@@ -1100,7 +1234,7 @@ def report(out: c.Outcome, results: list[dict[str, Any]], config: Config) -> Non
             f"{biggest['nodes']} nodes",
             c.num(_per(biggest["restart"]["relists"], biggest["nodes"])) + " relists/node",
             "no change lost",
-            biggest["restart"]["phase"].missing == 0,
+            all(r["restart"]["phase"].missing == 0 for r in runs),
         )
     )
     fixed, jittered = biggest["restart_fixed"]["lists"], biggest["restart"]["lists"]

@@ -12,7 +12,8 @@ health cache) what happened as values, never by calling it back:
 
 - :class:`Report`: one response, converted (or refused as a whole);
 - :class:`Ended`: the stream is over (EOF, an error, ``UNIMPLEMENTED``, or a
-  bug in this module); the consumer turns the endpoint's devices ``Unknown``.
+  bug in this module); the consumer's devices of the endpoint keep their
+  state until their leases run out (``healthinfo.HealthCache.end_endpoint``).
 
 Where the kubelet retries every 5 s forever, even on ``UNIMPLEMENTED``
 (issue #141855), the generator returns on ``UNIMPLEMENTED`` and otherwise
@@ -207,7 +208,7 @@ class Report:
 
 @dataclasses.dataclass(frozen=True)
 class Ended:
-    """A stream event: the stream is over; its devices turn ``Unknown``."""
+    """A stream event: the stream is over; its devices keep their leases."""
 
     outcome: Outcome
 

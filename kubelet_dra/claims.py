@@ -75,13 +75,23 @@ class PreparedDevice:
     # time on the event loop).
     key: models.DeviceKey = dataclasses.field(init=False, repr=False, compare=False)
     """The device as the health cache knows it."""
-    resource_id: str = dataclasses.field(init=False, repr=False, compare=False)
+    kubelet_id: str = dataclasses.field(init=False, repr=False, compare=False)
     """The kubelet's ``resourceID``: the first CDI device ID, else driver/pool/device."""
+    resource_id: str = dataclasses.field(init=False, repr=False, compare=False)
+    """Ours: :attr:`kubelet_id`, unless other devices of the claim share it
+    (:func:`own_resource_ids`)."""
 
     def __post_init__(self) -> None:
         key = models.DeviceKey(self.driver, self.pool, self.device)
         object.__setattr__(self, "key", key)
-        object.__setattr__(self, "resource_id", self.cdi_ids[0] if self.cdi_ids else str(key))
+        kubelet_id = self.cdi_ids[0] if self.cdi_ids else str(key)
+        object.__setattr__(self, "kubelet_id", kubelet_id)
+        object.__setattr__(self, "resource_id", kubelet_id)
+
+    @property
+    def name(self) -> str:
+        """How every message names the device (:func:`device_name`)."""
+        return device_name(self.key, self.kubelet_id, self.resource_id)
 
     def serves(self, request: str) -> bool:
         """Whether a container claim naming ``request`` sees this device."""
@@ -94,7 +104,11 @@ class PreparedDevice:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Claim:
-    """A claim's devices; ``owners`` are controller pod UIDs (template claims)."""
+    """A claim's devices; ``owners`` are controller pod UIDs (template claims).
+
+    Build it with devices that went through :func:`own_resource_ids` (the
+    index does) so that no two devices share a ``resource_id``.
+    """
 
     key: ClaimKey
     uid: str = ""
@@ -163,6 +177,66 @@ class DeviceLookup(Protocol):
         ...
 
 
+# -- naming ------------------------------------------------------------------------
+
+
+def own_resource_ids(devices: Iterable[PreparedDevice]) -> tuple[PreparedDevice, ...]:
+    """A claim's devices, each with a ``resource_id`` no other device of it has.
+
+    The kubelet names a device by its first CDI device ID and keeps one
+    resource per ID (``seenResourceIDs`` in ``UpdateAllocatedResourcesStatus``),
+    so where a driver gives every device of a claim the same first ID (a
+    claim-wide ID first, the per-device one second) its field shows one
+    device and hides the health of the others. Here each device that shares
+    its first ID with another device of the claim takes its first CDI ID that
+    no other device of the claim has, else ``<driver>/<pool>/<device>``.
+    Every other device keeps the kubelet's ID (``docs/pod-status.md``).
+    """
+    found = tuple(devices)
+    firsts: dict[str, int] = {}
+    for device in found:
+        firsts[device.kubelet_id] = firsts.get(device.kubelet_id, 0) + 1
+    if all(n == 1 for n in firsts.values()):
+        return found
+    out = []
+    for i, device in enumerate(found):
+        if firsts[device.kubelet_id] > 1 and device.cdi_ids:
+            others = {c for j, d in enumerate(found) if j != i for c in d.cdi_ids}
+            own = next((c for c in device.cdi_ids if c not in others), str(device.key))
+            out.append(_with_resource_id(device, own))
+        else:
+            out.append(device)
+    return tuple(out)
+
+
+def _with_resource_id(device: PreparedDevice, resource_id: str) -> PreparedDevice:
+    # resource_id is derived (init=False), so a copy gets it set the same way.
+    copy = dataclasses.replace(device)
+    object.__setattr__(copy, "resource_id", resource_id)
+    return copy
+
+
+def device_name(key: models.DeviceKey, kubelet_id: str, resource_id: str = "") -> str:
+    """``<driver>/<pool>/<device>``, with the kubelet's ``resourceID`` where it differs.
+
+    ``gpu.example.com/node/gpu-0 (as vendor.com/gpu=gpu0)``; where our
+    ``resourceID`` differs from the kubelet's (the kubelet's is shared by
+    several devices of the claim), both:
+    ``... (as vendor.com/tpu=common, ours vendor.com/tpu=chip1)``. So ``ours``
+    appears exactly when the kubelet's ID names more than this device. One
+    form everywhere a device is named: the pod condition, Events, taint rules
+    and ``cache show`` (``docs/pod-status.md``); ``kubectl dra-health`` reads it
+    back from the condition.
+    """
+    plain = str(key)
+    resource_id = resource_id or kubelet_id
+    if resource_id != kubelet_id:
+        return f"{plain} (as {kubelet_id}, ours {resource_id})"
+    if kubelet_id != plain:
+        return f"{plain} (as {kubelet_id})"
+    return plain
+
+
 # -- pure helpers on plain dicts ------------------------------------------------
 
 
@@ -229,7 +303,7 @@ def claim_from_api(obj: Obj) -> Claim:
     """A ``resource.k8s.io/v1`` ResourceClaim dict as the index holds it."""
     key = ClaimKey(podjson.namespace(obj), podjson.name(obj))
     results = podjson.items(_allocated_devices(obj), "results")
-    devices = tuple(_device_from_result(r) for r in results)
+    devices = own_resource_ids(_device_from_result(r) for r in results)
     owners = frozenset(
         str(o["uid"])
         for o in podjson.items(podjson.metadata(obj), "ownerReferences")
@@ -350,7 +424,9 @@ class ClaimIndex:
         """A claim a node agent prepared, with the devices its driver returned."""
         key = ClaimKey(namespace, name)
         old = self._effective(key)
-        claim = Claim(key=key, uid=uid, devices=tuple(devices), pod_uids=frozenset(pod_uids))
+        claim = Claim(
+            key=key, uid=uid, devices=own_resource_ids(devices), pod_uids=frozenset(pod_uids)
+        )
         self._prepared[key] = claim
         return self._claim_changed(key, old)
 
@@ -431,6 +507,24 @@ class ClaimIndex:
             if devices is not None:
                 claims[key] = tuple(devices)
         return FrozenClaims(claims)
+
+    def resource_ids(self, key: models.DeviceKey) -> tuple[str, str]:
+        """The device's (kubelet's, our) ``resourceID``, for messages about the device alone.
+
+        A device is named per claim; where claims name it differently (a
+        shared device), the first claim in key order speaks for it. A device
+        no claim holds is ``<driver>/<pool>/<device>`` for both.
+        """
+        for claim_key in sorted(self._device_claims.get(key, ())):
+            claim = self._effective(claim_key)
+            for device in claim.devices if claim else ():
+                if device.key == key:
+                    return device.kubelet_id, device.resource_id
+        return str(key), str(key)
+
+    def device_name(self, key: models.DeviceKey) -> str:
+        """:func:`device_name` of a device as its claims name it."""
+        return device_name(key, *self.resource_ids(key))
 
     def stats(self) -> dict[str, int]:
         """Sizes of the index, for metrics and debugging."""

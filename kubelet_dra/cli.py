@@ -51,6 +51,12 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "where drivers' registration sockets appear",
     ),
     "--state-dir": ("state_dir", "KUBELET_DRA_STATE_DIR", "the persistent health cache"),
+    "--kubelet-root-dir": (
+        "kubelet_root_dir",
+        "KUBELET_DRA_KUBELET_ROOT_DIR",
+        "the kubelet's --root-dir, whose dra_manager_state names CDI device IDs "
+        "(default /var/lib/kubelet); empty disables",
+    ),
     "--health-timeout": (
         "health_timeout",
         "KUBELET_DRA_HEALTH_TIMEOUT",

@@ -7,6 +7,7 @@
     ├── ReportError          a health report that was refused (reason in .reason)
     ├── RegistrationError    a plugin socket that cannot be registered
     ├── StoreError           the persistent health cache cannot be used
+    ├── CheckpointError      the kubelet's DRA checkpoint cannot be used (reason in .reason)
     └── ApiError             the Kubernetes API failed; .status is the HTTP code
         └── PodGone          the pod no longer exists (writes to it stop)
 
@@ -48,6 +49,17 @@ class RegistrationError(KubeletDraError):
 
 class StoreError(KubeletDraError):
     """The on-disk health cache could not be opened, read or written."""
+
+
+class CheckpointError(KubeletDraError):
+    """The kubelet's DRA checkpoint (``dra_manager_state``) cannot be used.
+
+    ``reason`` names the refusal for metrics (``kubeletcheckpoint.REASONS``).
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
 
 
 class ApiError(KubeletDraError):

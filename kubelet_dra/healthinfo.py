@@ -27,12 +27,28 @@ Where the kubelet has known bugs this cache does better:
   record stays, ``Unknown``, until that next report deletes it silently:
   the ``Unknown`` notification the kubelet sends with the deletion was sent
   at the deadline instead;
-- records remember the endpoint that reported them, so the end of one
-  endpoint's stream deletes only *its* devices (kubelet #140818 clears the
-  whole driver) and the caller gets them back to notify pods (the kubelet's
-  ``clearDriver`` notifies nobody);
+- the lease outlives the stream: when an endpoint's stream ends (EOF, error,
+  deregistration) its devices keep their last reported state until their
+  lease runs out (the kubelet's ``clearDriver`` deletes the whole driver at
+  once, #140818). Nothing changes at the stream end; another endpoint of the
+  driver that reports a device takes it over; a device whose lease runs out
+  first turns ``Unknown`` at its deadline through :meth:`HealthCache.expire`,
+  as for a silent driver, and since no stream of its endpoint runs any more
+  its record is deleted then (so the records of a driver that vanished go at
+  the end of their leases). An endpoint counts as streaming from its first
+  report until its stream ends (:meth:`HealthCache.end_endpoint`); records
+  loaded from the state file belong to no streaming endpoint until theirs
+  reports;
 - changes are computed against what a reader saw, so a report that revives an
   expired device is a change even if the stale record said the same thing.
+
+Persistence (the kubelet stores only changes, so its restart loses every
+lease): a report that changes a device's health, message, lease or endpoint
+is handed to the sink at once; a plain renewal only when the record last
+handed over would otherwise expire within half its lease
+(:data:`PERSIST_FRACTION`). So after a crash a device keeps at least half of
+the lease its last persisted report gave it, and a driver resending every
+second costs one row per device per half lease, not one per report.
 
 The module is pure apart from its log line: ``now`` is always an argument and
 persistence is a :class:`Sink` the caller provides (``store.HealthStore``).
@@ -43,7 +59,7 @@ from __future__ import annotations
 import collections
 import heapq
 import logging
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from kubelet_dra import models
@@ -59,10 +75,15 @@ MESSAGE_MAX_BYTES = 1024
 MAX_DEVICES_PER_DRIVER = 16_384
 """The kubelet's ``maxDevicesPerDriver`` (v1.37.2+): records kept per driver."""
 
+PERSIST_FRACTION = 0.5
+"""A renewal is persisted once the persisted record has less than this part of its
+lease left: a crash then costs a device at most this part of its lease."""
+
 CAP_REASON = "device_cap"
 """The ``refused`` reason of a new device beyond :data:`MAX_DEVICES_PER_DRIVER`."""
 
 _ELLIPSIS = "..."
+_NEVER = float("-inf")  # the receive time of a record never persisted
 
 Key = tuple[str, str]  # (pool, device) inside one driver
 Entry = tuple[models.HealthStatus, str, int, int]
@@ -124,6 +145,14 @@ class HealthCache:
         # candidates for deletion at that driver's next report (kubelet
         # v1.37.2 "phase 2"), so a report costs O(overdue), not O(devices).
         self._overdue: dict[str, set[models.DeviceKey]] = {}
+        # (driver, endpoint) that reported since its stream last ended: their
+        # expired records wait, Unknown, for the driver's next report; any
+        # other record is deleted when its lease runs out.
+        self._streaming: set[tuple[str, str]] = set()
+        # Per device, the receive time of the record last handed to the sink
+        # (what a restart would load): a renewal is persisted only when that
+        # record is within PERSIST_FRACTION of its lease from running out.
+        self._persisted: dict[StagedKey, float] = {}
         self.refused: collections.Counter[str] = collections.Counter()
         """Driver -> new devices refused because the driver was at the cap."""
 
@@ -197,6 +226,7 @@ class HealthCache:
         endpoint: str,
     ) -> list[models.DeviceKey]:
         changed = dict.fromkeys(self.expire(now))
+        self._streaming.add((driver, endpoint))
         devices = self._drivers.setdefault(driver, {})
         refused = self._apply(driver, devices, items, now, endpoint, changed=changed)
         if refused:
@@ -232,38 +262,53 @@ class HealthCache:
         default, record_of, key_of = self.default_lease, models.DeviceHealth, models.DeviceKey
         new_record = tuple.__new__
         scheduled, schedule = self._scheduled, self._schedule
+        # Without a sink nothing is persisted, so nothing counts as persisted.
+        persisted: dict[StagedKey, float] = self._persisted if self._sink is not None else {}
+        renew_after = 1.0 - PERSIST_FRACTION
         unknown = models.HealthStatus.UNKNOWN
         refused = 0
         for key, (health, message, timeout, driver_time) in items:
             old = devices.get(key)
             lease = float(timeout) if timeout > 0 else default
+            staged_key = (driver, *key)
             if old is None:
                 # The cap counts every record held, overdue ones included: the
                 # kubelet deletes those only after storing the report.
                 if len(devices) >= MAX_DEVICES_PER_DRIVER:
                     refused += 1
                     continue
-                visible = True
+                visible = persist = True
             else:
-                old_health, old_message, old_lease, old_report, _, _ = old
+                old_health, old_message, old_lease, old_report, _, old_endpoint = old
                 if old_lease != lease:
                     visible = True
                 elif now - old_report > old_lease:  # expired: it read Unknown, ""
                     visible = health != unknown or message != ""
                 else:
                     visible = health != old_health or message != old_message
+                # A changed record at once; a renewal once the persisted copy
+                # has less than PERSIST_FRACTION of its lease left.
+                persist = (
+                    visible
+                    or health != old_health
+                    or message != old_message
+                    or endpoint != old_endpoint
+                    or now - persisted.get(staged_key, _NEVER) >= renew_after * lease
+                )
             new = new_record(record_of, (health, message, lease, now, driver_time, endpoint))
             devices[key] = new
-            staged_key = (driver, *key)
             # A renewal to a later deadline needs no heap entry now (see _schedule).
             deadline = scheduled.get(staged_key)
             if deadline is None or now + lease < deadline:
                 schedule(key_of(driver, *key), now + lease)
             if visible:
                 changed[key_of(driver, *key)] = None
-            stage((staged_key, new))
-        if self._sink is not None:
+            if persist:
+                stage((staged_key, new))
+        if self._sink is not None and staged:
             self._sink.stage_many(staged)
+            for staged_key, _ in staged:
+                persisted[staged_key] = now
         return refused
 
     def _delete_overdue(self, driver: str, reported: Container[Key], now: float) -> None:
@@ -279,6 +324,7 @@ class HealthCache:
             if key[1:] in reported or record is None or not record.expired(now):
                 continue  # renewed since: scheduled again
             del devices[key[1:]]
+            self._persisted.pop(key, None)
             gone.append(key)
         if gone and self._sink is not None:
             self._sink.stage_delete(gone)
@@ -318,7 +364,7 @@ class HealthCache:
                 # Nothing to announce (already Unknown): only overdue now.
                 heapq.heappop(self._heap)
                 del self._scheduled[key]
-                self._overdue.setdefault(key.driver, set()).add(key)
+                self._retire(key, record, None)
                 continue
             return deadline, key
         return None
@@ -337,28 +383,32 @@ class HealthCache:
         """Turn every lease that ran out by ``now`` into ``Unknown``.
 
         Returns the devices that changed, so the caller can update their pods
-        at the deadline rather than lazily. The records stay until their
-        driver's next report that does not carry them (see :meth:`update`).
+        at the deadline rather than lazily. A record whose endpoint streams
+        stays until its driver's next report that does not carry it (see
+        :meth:`update`); any other (its stream ended, or it was loaded and its
+        endpoint has not reported since) is deleted now.
         """
         changed: list[models.DeviceKey] = []
         while (top := self._due(now)) is not None:
             _, key = top
             heapq.heappop(self._heap)
             del self._scheduled[key]
-            record = self._drivers[key.driver][key[1:]]
-            self._set(key.driver, key.pool, key.device, _expired_copy(record))
-            self._overdue.setdefault(key.driver, set()).add(key)
+            self._retire(key, self._drivers[key.driver][key[1:]], _expired_copy)
             changed.append(key)
         return changed
 
     def end_endpoint(self, driver: str, endpoint: str, now: float) -> list[models.DeviceKey]:
-        """A stream ended: delete its devices (they read ``Unknown``).
+        """A stream ended: its devices keep their state until their leases run out.
 
-        Devices last reported by a different endpoint of the same driver (the
-        new pod of a rolling upgrade) keep their health. Returns the deleted
-        devices that were not ``Unknown`` already, to notify their pods.
+        Nothing visible changes: each device reads what it read, until its
+        lease runs out (then :meth:`expire` turns it ``Unknown`` and deletes
+        it) or an endpoint of the driver reports it (which takes it over and
+        renews it). Only the endpoint's records whose lease already ran out go
+        now, as they would at that deadline; returns those not announced as
+        ``Unknown`` yet (the deadline task had not run), to notify their pods.
         """
-        return self._delete_where(driver, lambda r: r.endpoint == endpoint)
+        self._streaming.discard((driver, endpoint))
+        return self._delete_where(driver, lambda r: r.endpoint == endpoint and r.expired(now))
 
     def clear_driver(self, driver: str, now: float) -> list[models.DeviceKey]:
         """Delete every device of ``driver`` (the kubelet's clearDriver)."""
@@ -367,8 +417,10 @@ class HealthCache:
     def load(self, records: Iterable[tuple[models.DeviceKey, models.DeviceHealth]]) -> None:
         """Restore records read back from the store (no sink writes)."""
         drivers, scheduled, heap = self._drivers, self._scheduled, self._heap
+        persisted = self._persisted
         for key, record in records:
             drivers.setdefault(key.driver, {})[(key.pool, key.device)] = record
+            persisted[key] = record.last_report  # as read back: on disk
             # Unknown records too: once their lease ran out they are overdue.
             # As _schedule, with one heapify at the end instead of a push each.
             deadline = record.last_report + record.lease
@@ -405,6 +457,8 @@ class HealthCache:
                 continue
             key = models.DeviceKey(driver, pool, device)
             del devices[pool, device]
+            self._overdue.get(driver, set()).discard(key)
+            self._persisted.pop(key, None)
             gone.append(key)
             if (record.health, record.message) != _UNKNOWN_VIEW:
                 changed.append(key)
@@ -414,10 +468,31 @@ class HealthCache:
             self._sink.stage_delete(gone)
         return changed
 
+    def _retire(
+        self,
+        key: models.DeviceKey,
+        record: models.DeviceHealth,
+        expired: Callable[[models.DeviceHealth], models.DeviceHealth] | None,
+    ) -> None:
+        """A lease ran out: keep the record (``expired``, overdue) while its endpoint streams."""
+        if (key.driver, record.endpoint) in self._streaming:
+            if expired is not None:
+                self._set(key.driver, key.pool, key.device, expired(record))
+            self._overdue.setdefault(key.driver, set()).add(key)
+            return
+        devices = self._drivers[key.driver]
+        del devices[key[1:]]
+        if not devices:
+            del self._drivers[key.driver]
+        if self._sink is not None:
+            self._sink.stage_delete([key])
+
     def _set(self, driver: str, pool: str, device: str, record: models.DeviceHealth) -> None:
         self._drivers.setdefault(driver, {})[(pool, device)] = record
         if self._sink is not None:
-            self._sink.stage(models.DeviceKey(driver, pool, device), record)
+            key = models.DeviceKey(driver, pool, device)
+            self._sink.stage(key, record)
+            self._persisted[key] = record.last_report
 
 
 class _Predicate(Protocol):

@@ -42,6 +42,7 @@ from kubelet_dra import (
     errors,
     healthinfo,
     kube,
+    kubeletcheckpoint,
     metrics,
     models,
     plugins,
@@ -113,6 +114,9 @@ class DRAHealthManager:
         self.pods: kube.NodePods | None = None
         self.taints: taintbridge.TaintBridge | None = None
         """The taint bridge, when ``settings.taint_effect`` is not ``off`` (API mode only)."""
+        self.checkpoint: kubeletcheckpoint.CheckpointWatcher | None = None
+        """The kubelet's DRA checkpoint, read for CDI device IDs (API mode, a root dir set)."""
+        self._checkpoint_claims: frozenset[claims.ClaimKey] = frozenset()
         self.store_errors = 0
         self._expired_at_start = 0
         self.store_commit_latency: Callable[[float], None] = lambda seconds: None
@@ -278,9 +282,44 @@ class DRAHealthManager:
         self.pods = kube.NodePods(
             api=api, node_name=node, index=self.index, writer=self.writer, clock=self.clock
         )
+        self._start_checkpoint()
         self._spawn(self._after_priming(self.writer.run()), "status-writer")
         self._spawn(self.pods.run(), "node-pods")
         self._start_taints(client, budget)
+
+    def _start_checkpoint(self) -> None:
+        """Poll the kubelet's DRA checkpoint for the CDI device IDs of prepared claims.
+
+        Read once before the writer starts, so the first writes already use the
+        kubelet's resourceIDs; a missing or refused file changes nothing then.
+        """
+        root = self.settings.kubelet_root_dir
+        if root is None:
+            return
+        self.checkpoint = kubeletcheckpoint.CheckpointWatcher(
+            root,
+            apply=self._apply_checkpoint,
+            clock=self.clock,
+            interval=self.settings.kubelet_checkpoint_interval,
+        )
+        self.checkpoint.poll()
+        self._spawn(self.checkpoint.run(), "kubelet-checkpoint")
+
+    def _apply_checkpoint(self, found: Sequence[kubeletcheckpoint.PreparedClaim]) -> None:
+        """The checkpoint's claims into the index: they win over the API's view of a
+        claim, and a claim that left the file falls back to it. Changed pods are dirty."""
+        delta = claims.Delta()
+        present = {c.key: c for c in found}
+        for key in self._checkpoint_claims - present.keys():
+            delta |= self.index.remove_prepared_claim(namespace=key.namespace, name=key.name)
+        for key, claim in present.items():
+            delta |= self.index.add_prepared_claim(
+                namespace=key.namespace, name=key.name, devices=claim.devices,
+                uid=claim.uid, pod_uids=claim.pod_uids,
+            )  # fmt: skip
+        self._checkpoint_claims = frozenset(present)
+        if self.writer is not None and delta.pods:
+            self.writer.mark_dirty(delta.pods)
 
     def _start_taints(self, client: Any, budget: taintbridge.SharedBudget) -> None:
         """The taint bridge (docs/remediation.md), if an effect is configured."""
@@ -293,6 +332,7 @@ class DRAHealthManager:
             clock=self.clock,
             health=self.cache.get,
             devices=lambda: [key for key, _ in self.cache.records()],
+            resource_ids=self.index.resource_ids,
             budget=budget,
         )
         self._spawn(self._after_priming(self.taints.run()), "taint-bridge")
@@ -370,6 +410,7 @@ class DRAHealthManager:
                 **{(d, healthinfo.CAP_REASON): n for d, n in self.cache.refused.items()},
             },
             registrations_refused=dict(self.watcher.refused) if self.watcher else {},
+            checkpoint_refused=dict(self.checkpoint.refused) if self.checkpoint else {},
             devices=dict(devices),
             lease_expiries=self.plugins.lease_expiries + self._expired_at_start,
             pod_writes={**dict.fromkeys(POD_WRITE_RESULTS, 0), **(stats.results if stats else {})},
@@ -378,6 +419,8 @@ class DRAHealthManager:
             store_degraded=bool(self.store and self.store.degraded),
             store_errors=self.store_errors,
             api_field_dropped=bool(stats and stats.gate_off),
+            kubelet_removes_field=bool(stats and stats.kubelet_removes),
+            field_removals=stats.field_removals if stats else 0,
             now=now,
             taints=self.taints.metric_state() if self.taints is not None else None,
         )
@@ -410,6 +453,20 @@ class DRAHealthManager:
         if self.taints is not None:
             checks["taints"] = self.taints.readiness()
         return checks
+
+    def readiness_notes(self) -> dict[str, str]:
+        """What works differently than configured, for ``/readyz``; never a failed check."""
+        notes: dict[str, str] = {}
+        if self.writer is None:
+            return notes
+        if self.writer.stats.gate_off:
+            notes["api_field"] = (
+                "the API server drops allocatedResourcesStatus (its ResourceHealthStatus "
+                "gate is off); only the pod condition and Events are written"
+            )
+        if self.writer.stats.kubelet_removes:
+            notes["container_status"] = self.writer.kubelet.note()
+        return notes
 
 
 def __getattr__(name: str) -> Any:

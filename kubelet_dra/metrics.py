@@ -14,7 +14,8 @@ thread-safe.
 The HTTP server runs in a thread so that a stalled event loop can still be
 reported: ``/healthz`` fails when the loop's heartbeat is older than
 ``stall_after`` seconds; ``/readyz`` answers 200 only when every readiness
-check passes and lists each check either way.
+check passes and lists each check either way, with ``notes`` on what works
+but differently than configured (they never fail readiness).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class State:
     last_report: Mapping[str, float] = dataclasses.field(default_factory=dict)
     refused: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     registrations_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    checkpoint_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
     devices: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     lease_expiries: int = 0
     pod_writes: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -68,6 +70,8 @@ class State:
     store_degraded: bool = False
     store_errors: int = 0
     api_field_dropped: bool = False
+    kubelet_removes_field: bool = False
+    field_removals: int = 0
     now: float = 0.0
     taints: TaintState | None = None  # None: the taint bridge is off by configuration
 
@@ -170,7 +174,14 @@ def _driver_metrics(state: State) -> Iterator[core.Metric]:
     )
     for reason, count in state.registrations_refused.items():
         registrations.add_metric([reason], count)
-    yield from (reports, updates, age, refused, registrations)
+    checkpoint = _counter(
+        "checkpoint_refused",
+        "Reads of the kubelet's DRA checkpoint (dra_manager_state) refused, by reason.",
+        ["reason"],
+    )
+    for reason, count in state.checkpoint_refused.items():
+        checkpoint.add_metric([reason], count)
+    yield from (reports, updates, age, refused, registrations, checkpoint)
 
 
 def _device_metrics(state: State) -> Iterator[core.Metric]:
@@ -197,7 +208,18 @@ def _writer_metrics(state: State) -> Iterator[core.Metric]:
         [],
     )
     dropped.add_metric([], 1.0 if state.api_field_dropped else 0.0)
-    yield from (writes, pending, dropped)
+    removes = _gauge(
+        "kubelet_removes_field",
+        "1 when the node's kubelet removes the allocatedResourcesStatus we write "
+        "(its ResourceHealthStatus gate is off).",
+        [],
+    )
+    removes.add_metric([], 1.0 if state.kubelet_removes_field else 0.0)
+    removals = _counter(
+        "field_removals", "Removals by another writer of allocatedResourcesStatus we wrote.", []
+    )
+    removals.add_metric([], state.field_removals)
+    yield from (writes, pending, dropped, removes, removals)
 
 
 def _store_metrics(state: State) -> Iterator[core.Metric]:
@@ -237,6 +259,9 @@ def _taint_metrics(taints: TaintState) -> Iterator[core.Metric]:
 Readiness = Callable[[], Mapping[str, str]]
 """Returns check name -> "ok" or the reason it is not ready."""
 
+Notes = Callable[[], Mapping[str, str]]
+"""Returns topic -> what an operator should know; shown in ``/readyz``, never failing it."""
+
 
 class Server:
     """``/metrics``, ``/healthz`` and ``/readyz`` on one address, in a thread.
@@ -253,12 +278,14 @@ class Server:
         loop: asyncio.AbstractEventLoop,
         metrics: Metrics,
         readiness: Readiness,
+        notes: Notes | None = None,
         stall_after: float = 10.0,
     ) -> None:
         self.host, self.port = parse_address(address)
         self._loop = loop
         self.metrics = metrics
         self._readiness = readiness
+        self._notes = notes
         self.stall_after = stall_after
         self.heartbeat = time.monotonic()
         self._httpd: http.server.ThreadingHTTPServer | None = None
@@ -354,10 +381,16 @@ def _healthz(server: Server) -> tuple[int, str, bytes]:
 
 
 def _readyz(server: Server) -> tuple[int, str, bytes]:
+    notes: dict[str, str] = {}
     try:
         checks = dict(server.on_loop(server._readiness))
+        if server._notes is not None:
+            notes = dict(server.on_loop(server._notes))
     except errors.KubeletDraError as exc:
         checks = {"loop": str(exc)}
     ready = all(value == "ok" for value in checks.values())
-    body = json.dumps({"ready": ready, "checks": checks}, sort_keys=True).encode() + b"\n"
+    answer: dict[str, Any] = {"ready": ready, "checks": checks}
+    if notes:
+        answer["notes"] = notes  # only when there is something to say
+    body = json.dumps(answer, sort_keys=True).encode() + b"\n"
     return (200 if ready else 503), "application/json", body

@@ -9,13 +9,17 @@ Counterpart of the kubelet's ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``
 advertises a health service. That task consumes the events of
 ``_streams.watch`` (the stream's state machine) and applies each in one
 place, :meth:`PluginManager._apply`: a report goes into the
-``healthinfo.HealthCache``, the end of a stream turns the endpoint's devices
-``Unknown``; the devices whose visible state changed go to ``on_change``.
-Differences from the kubelet, each tested:
+``healthinfo.HealthCache``, the end of a stream only tells the cache that the
+endpoint no longer streams; the devices whose visible state changed go to
+``on_change``. Differences from the kubelet, each tested:
 
-- a stream that ends (EOF, error, deregistration) turns the devices *that
-  endpoint* reported ``Unknown`` at once and notifies ``on_change`` (the
-  kubelet clears the whole driver, notifies nobody: #140818);
+- the lease outlives the stream: a stream that ends (EOF, error,
+  ``UNIMPLEMENTED``, deregistration) changes nothing; its devices keep their
+  last state until their lease runs out, then the deadline task turns them
+  ``Unknown`` (and ``on_change`` hears of it then), unless an endpoint of the
+  driver (the restarted driver, the new pod of a rolling upgrade) reported
+  them first. The kubelet clears the whole driver at once and notifies nobody
+  (#140818), so a driver restart flashes ``Unknown`` there;
 - ``UNIMPLEMENTED`` stops the endpoint's task until it re-registers (#141855);
 - a deadline task wakes at the earliest lease deadline and expires leases
   then, so pods see ``Unknown`` on time (#140819);
@@ -136,7 +140,7 @@ class PluginManager:
             self._deadline_task = asyncio.create_task(self._deadline_loop(), name="lease-deadlines")
 
     async def close(self) -> None:
-        """Stop every stream (marking their devices ``Unknown``) and the deadline task.
+        """Stop every stream (their devices keep their leases) and the deadline task.
 
         Safe to cancel (an owner's shutdown timeout): every task is cancelled all the
         same, so none outlives its event loop half-run.

@@ -10,9 +10,11 @@ are), each claim entry becomes one ``ResourceStatus``:
 - its ``resources`` are rebuilt from scratch: one ``ResourceHealth`` per
   device the claim entry sees (the request filter of ``claims``), with
   ``resourceID`` the device's first CDI device ID, else
-  ``<driver>/<pool>/<device>``; ``health`` ``Healthy``, ``Unhealthy`` or
-  ``Unknown``; ``message`` only when non-empty; duplicates by ``resourceID``
-  dropped;
+  ``<driver>/<pool>/<device>``, except that devices of one claim sharing
+  their first CDI ID each get an ID of their own where the kubelet would
+  show one of them (``claims.own_resource_ids``); ``health`` ``Healthy``,
+  ``Unhealthy`` or ``Unknown``; ``message`` only when non-empty; duplicates
+  by ``resourceID`` dropped;
 - an entry left with no resources is removed; entries of unresolved claims
   and entries we do not produce (device plugins) are kept untouched;
 - the list is sorted as the kubelet v1.38 sorts it: each entry's
@@ -28,9 +30,16 @@ Restartable init containers (sidecars) get the same treatment in
 
 The pod condition (type from ``Settings.pod_condition_type``; ``""``
 disables it) summarises every device of the pod's claims: ``True`` when all
-are Healthy, ``False`` (reason ``DeviceUnhealthy``, the message names the
-unhealthy devices) when any is Unhealthy, ``Unknown`` otherwise.
-``lastTransitionTime`` moves only when the condition's status changes.
+are Healthy, ``False`` (reason ``DeviceUnhealthy``) when any is Unhealthy,
+``Unknown`` otherwise. The message carries each non-Healthy device's health
+(by section), name (:func:`device_name`) and message, so the health stays
+visible where ``allocatedResourcesStatus`` cannot (a kubelet with its
+``ResourceHealthStatus`` gate off removes the field and keeps our condition).
+The API sets no limit on a pod condition's message; ours is
+:data:`CONDITION_MESSAGE_MAX` bytes, and past it the devices that do not fit
+are left out, last first, with a count of them by health
+(:func:`build_condition`). ``lastTransitionTime`` moves only when the
+condition's status changes.
 
 A Job can act on it with ``podFailurePolicy``: a rule with
 ``onPodConditions: [{type: DeviceHealthy, status: "False"}]`` and action
@@ -52,6 +61,7 @@ container and for the condition; the writer's patch planning
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import logging
@@ -68,7 +78,14 @@ REASON_HEALTHY = "AllDevicesHealthy"
 REASON_UNHEALTHY = "DeviceUnhealthy"
 REASON_UNKNOWN = "DeviceHealthUnknown"
 CONDITION_MESSAGE_MAX = healthinfo.MESSAGE_MAX_BYTES
-"""The condition's message is cut like a device's message (``healthinfo.truncate_message``)."""
+"""Our cap on the condition's message, in UTF-8 bytes: that of one device's message.
+
+The API has none (``validatePodConditions`` checks only the type and
+``observedGeneration``, v1.37.2 and v1.38.0-beta.0); the cap keeps a pod with
+many failed devices from growing by kilobytes at every write."""
+UNHEALTHY_TITLE = "Unhealthy devices: "
+UNKNOWN_TITLE = "Health unknown for devices: "
+_ORDER = (models.HealthStatus.UNHEALTHY, models.HealthStatus.UNKNOWN)
 _STATUS_OF = {
     models.HealthStatus.HEALTHY: "True",
     models.HealthStatus.UNHEALTHY: "False",
@@ -85,6 +102,12 @@ class DeviceState:
     claim_ref: str
     health: models.HealthStatus
     message: str
+    kubelet_id: str = ""  # the kubelet's resourceID; "" means resource_id
+
+    @property
+    def name(self) -> str:
+        """How messages name the device: ``<driver>/<pool>/<device> (as <kubelet's ID>)``."""
+        return claims.device_name(self.key, self.kubelet_id or self.resource_id, self.resource_id)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -170,7 +193,9 @@ def pod_device_states(
         for device in _claim_devices(pod, index, ref) or ():
             if device.key not in seen:
                 health, message = view(device.key)
-                seen[device.key] = DeviceState(device.key, device.resource_id, ref, health, message)
+                seen[device.key] = DeviceState(
+                    device.key, device.resource_id, ref, health, message, device.kubelet_id
+                )
     return tuple(seen.values())
 
 
@@ -182,19 +207,89 @@ def build_condition(condition_type: str, states: Sequence[DeviceState]) -> dict[
     unknown = [s for s in states if s.health is models.HealthStatus.UNKNOWN]
     if unhealthy:
         status, reason = "False", REASON_UNHEALTHY
-        message = "Unhealthy devices: " + _describe(unhealthy)
     elif unknown:
         status, reason = "Unknown", REASON_UNKNOWN
-        message = "Health unknown for devices: " + _describe(unknown)
     else:
         status, reason = "True", REASON_HEALTHY
-        message = f"All {len(states)} devices are healthy"
-    return {
-        "type": condition_type,
-        "status": status,
-        "reason": reason,
-        "message": healthinfo.truncate_message(message),
-    }
+    message = (
+        condition_message(unhealthy + unknown)
+        if unhealthy or unknown
+        else f"All {len(states)} devices are healthy"
+    )
+    return {"type": condition_type, "status": status, "reason": reason, "message": message}
+
+
+def device_name(state: DeviceState) -> str:
+    """How the condition and Events name a device.
+
+    The one place a device is named for readers, so that naming it
+    differently (the kubelet's resourceID beside it) is one change:
+    ``<driver>/<pool>/<device>``, with ``(as <kubelet's ID>)`` where it differs
+    (``claims.device_name``).
+    """
+    return state.name
+
+
+def condition_message(devices: Sequence[DeviceState], limit: int = CONDITION_MESSAGE_MAX) -> str:
+    """The non-Healthy ``devices`` (Unhealthy first) described in at most ``limit`` bytes.
+
+    Every device that fits is listed, in the given order, with its health (by
+    section), name, claim and message. Past ``limit`` the last devices are left
+    out and counted by health (``... (and 3 more devices: 2 Unhealthy, 1
+    Unknown)``); when not even the first one fits, its text is cut to fit and
+    ends in ``...``. The same devices always give the same message.
+    """
+    texts = [_device_text(d) for d in devices]
+
+    def fits(kept: int) -> bool:
+        return len(_render(devices, texts, kept).encode()) <= limit
+
+    if fits(len(devices)):
+        return _render(devices, texts, len(devices))
+    low, high = 1, len(devices) - 1  # the most devices that fit: fits() is monotonic
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    if fits(low):
+        return _render(devices, texts, low)
+    over = len(_render(devices, texts, 1).encode()) - limit
+    texts[0] = _cut(texts[0], len(texts[0].encode()) - over)
+    return _render(devices, texts, 1)
+
+
+def _device_text(state: DeviceState) -> str:
+    part = f"{device_name(state)} (claim {state.claim_ref})"
+    return f"{part}: {state.message}" if state.message else part
+
+
+def _render(devices: Sequence[DeviceState], texts: Sequence[str], kept: int) -> str:
+    sections = []
+    for health, title in (
+        (models.HealthStatus.UNHEALTHY, UNHEALTHY_TITLE),
+        (models.HealthStatus.UNKNOWN, UNKNOWN_TITLE),
+    ):
+        listed = [t for d, t in zip(devices[:kept], texts, strict=False) if d.health is health]
+        if listed:
+            sections.append(title + "; ".join(listed))
+    message = ". ".join(sections)
+    left = devices[kept:]
+    if left:
+        counts = collections.Counter(d.health.value for d in left)
+        by_health = ", ".join(f"{counts[h.value]} {h.value}" for h in _ORDER if counts[h.value])
+        noun = "device" if len(left) == 1 else "devices"
+        message += f" (and {len(left)} more {noun}: {by_health})"
+    return message
+
+
+def _cut(text: str, size: int) -> str:
+    """``text`` in at most ``size`` UTF-8 bytes, ending in ``...`` when cut."""
+    raw = text.encode()
+    if len(raw) <= size:
+        return text
+    return raw[: max(0, size - 3)].decode("utf-8", errors="ignore") + "..."
 
 
 def merge(
@@ -448,11 +543,3 @@ def _claim_devices(
     if not name:
         return None
     return index.devices_for(podjson.uid(pod), claims.ClaimKey(podjson.namespace(pod), name))
-
-
-def _describe(states: Sequence[DeviceState]) -> str:
-    parts = []
-    for s in states:
-        part = f"{s.key} (claim {s.claim_ref})"
-        parts.append(f"{part}: {s.message}" if s.message else part)
-    return "; ".join(parts)

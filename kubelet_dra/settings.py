@@ -58,6 +58,10 @@ class Settings(pydantic_settings.BaseSettings):
     )
     plugins_registry: pathlib.Path = pathlib.Path("/var/lib/kubelet/plugins_registry")
     state_dir: pathlib.Path = pathlib.Path("/var/lib/kubelet-dra-health")
+    # The kubelet's --root-dir: its DRA checkpoint (dra_manager_state) names the
+    # CDI device IDs of prepared claims (kubeletcheckpoint). None or "": not read.
+    kubelet_root_dir: pathlib.Path | None = pathlib.Path("/var/lib/kubelet")
+    kubelet_checkpoint_interval: float = pydantic.Field(default=2.0, gt=0)
     # kubelet DefaultHealthTimeout; a device's positive health_check_timeout_seconds wins.
     health_timeout: float = pydantic.Field(default=30.0, gt=0)
     container_status: ContainerStatusMode = ContainerStatusMode.AUTO
@@ -112,6 +116,14 @@ class Settings(pydantic_settings.BaseSettings):
     def _never(cls, value: object) -> object:
         # An empty environment variable, or the word, means the default: never.
         if isinstance(value, str) and value.strip().lower() in ("", "never"):
+            return None
+        return value
+
+    @pydantic.field_validator("kubelet_root_dir", mode="before")
+    @classmethod
+    def _no_dir(cls, value: object) -> object:
+        # An empty flag or environment variable turns the checkpoint off.
+        if isinstance(value, str) and not value.strip():
             return None
         return value
 

@@ -51,6 +51,7 @@ class Sidecar:
             loop=asyncio.get_running_loop(),
             metrics=collected,
             readiness=self.manager.readiness,
+            notes=self.manager.readiness_notes,
         )
         self.server.start()
         self._beat = asyncio.create_task(self.server.beat(), name="heartbeat")

@@ -20,8 +20,10 @@ cache as JSON rewritten (temp file + rename, no fsync) on every change. Here:
   a device the cache dropped (its driver stopped reporting it, or its stream
   ended) is gone from the file after the next flush and reads ``Unknown``
   after a restart, as the kubelet's deleted entries do;
-- lease renewals are stored too (the kubelet stores only changes), so after a
-  restart a device whose lease has not run out is still valid;
+- lease renewals are stored too (the kubelet stores only changes), but only
+  when the stored record would otherwise expire within half its lease (the
+  cache decides, ``healthinfo.PERSIST_FRACTION``), so after a restart a device
+  keeps at least half of its lease;
 - a file that cannot be read (garbage, truncation, a schema we do not know)
   is moved aside with a clear error and the cache starts empty: the process
   never crash-loops on its own state;

@@ -33,7 +33,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubelet_dra import _taint_api, _taint_state, errors, kube, metrics, models, taints
+from kubelet_dra import _taint_api, _taint_state, claims, errors, kube, metrics, models, taints
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
 
@@ -85,6 +85,7 @@ class TaintBridge:
         clock: clock_mod.Clock,
         health: HealthLookup,
         devices: Callable[[], Iterable[models.DeviceKey]],
+        resource_ids: Callable[[models.DeviceKey], tuple[str, str]] | None = None,
         budget: SharedBudget | None = None,
         api_factory: Callable[[Any, str], _taint_api.TaintApi] = _taint_api.TaintApi,
         discover: Callable[[Any], str | None] = _taint_api.discover,
@@ -105,6 +106,8 @@ class TaintBridge:
         self.rounds = 0  # reconcile rounds done (tests wait on it)
         self.events = kube.EventRecorder(node=node, clock=clock, interval=settings.event_interval)
         self._client, self._clock, self._health, self._devices = client, clock, health, devices
+        # The device's (kubelet's, our) resourceID, to name it as pods do (claims.device_name).
+        self._resource_ids = resource_ids or (lambda key: (str(key), str(key)))
         self._budget = budget or SharedBudget(
             qps=settings.api_qps, burst=settings.api_burst, clock=clock
         )
@@ -356,8 +359,9 @@ class TaintBridge:
                 await self._create(key, taint)
             else:
                 body = taints.rule_body(
-                    current["metadata"]["name"], self.node, key, taint, self.thresholds
-                )
+                    current["metadata"]["name"], self.node, key, taint, self.thresholds,
+                    kubelet_id=self._resource_ids(key)[0],
+                )  # fmt: skip
                 if taints.differs(current, body):
                     await self._update(current, body)
         for rule in surplus:
@@ -367,7 +371,9 @@ class TaintBridge:
         api = self._require_api()
         for hashed in (False, True):
             name = taints.rule_name(self.node, key, hashed=hashed)
-            body = taints.rule_body(name, self.node, key, taint, self.thresholds)
+            body = taints.rule_body(
+                name, self.node, key, taint, self.thresholds, kubelet_id=self._resource_ids(key)[0]
+            )
             try:
                 created = await self._write("create", api.create, body)
             except _taint_api.TaintApiError as exc:
@@ -436,16 +442,18 @@ class TaintBridge:
         self, reason: str, key: models.DeviceKey, taint: taints.Taint | None, name: str
     ) -> None:
         t = self.thresholds
+        device = claims.device_name(key, *self._resource_ids(key))
         if taint is not None:
             message = (
-                f"Device {key} is {taint.value}: DeviceTaintRule {name} taints it "
+                f"Device {device} is {taint.value}: DeviceTaintRule {name} taints it "
                 f"{t.key}={taint.value}:{t.effect}"
             )
             message += f" ({taint.message})" if taint.message else ""
             self.events.record(_node_ref(self.node), reason, message, kind="Warning")
         else:
             message = (
-                f"Device {key} is Healthy for {t.untaint_after:g} s: DeviceTaintRule {name} deleted"
+                f"Device {device} is Healthy for {t.untaint_after:g} s: "
+                f"DeviceTaintRule {name} deleted"
             )
             self.events.record(_node_ref(self.node), reason, message, kind="Normal")
 

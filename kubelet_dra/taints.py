@@ -40,6 +40,9 @@ MANAGED_BY = "kubelet-dra-health"
 NODE_LABEL = "kubelet-dra.io/node"
 MESSAGE_ANNOTATION = "kubelet-dra.io/message"
 DEVICE_ANNOTATION = "kubelet-dra.io/device"
+RESOURCE_ID_ANNOTATION = "kubelet-dra.io/resource-id"
+"""The kubelet's ``resourceID`` of the device (its first CDI device ID), set only where it
+differs from the ``<driver>/<pool>/<device>`` of :data:`DEVICE_ANNOTATION`."""
 MESSAGE_MAX_BYTES = 256
 """The driver's message in the annotation is cut to this many bytes: enough to read the
 reason, small enough that thousands of rules stay cheap to list."""
@@ -179,14 +182,27 @@ def node_selector(node: str) -> str:
 
 
 def rule_body(
-    name: str, node: str, key: models.DeviceKey, taint: Taint, thresholds: Thresholds
+    name: str,
+    node: str,
+    key: models.DeviceKey,
+    taint: Taint,
+    thresholds: Thresholds,
+    *,
+    kubelet_id: str = "",
 ) -> Obj:
-    """The DeviceTaintRule we want for one device (no apiVersion/kind: the API adds them)."""
+    """The DeviceTaintRule we want for one device (no apiVersion/kind: the API adds them).
+
+    ``kubelet_id`` is the kubelet's ``resourceID`` of the device; it is annotated where it
+    differs from ``<driver>/<pool>/<device>``, so the rule can be matched with the field.
+    """
+    annotations = {MESSAGE_ANNOTATION: taint.message, DEVICE_ANNOTATION: str(key)}
+    if kubelet_id and kubelet_id != str(key):
+        annotations[RESOURCE_ID_ANNOTATION] = kubelet_id
     return {
         "metadata": {
             "name": name,
             "labels": {MANAGED_BY_LABEL: MANAGED_BY, NODE_LABEL: node},
-            "annotations": {MESSAGE_ANNOTATION: taint.message, DEVICE_ANNOTATION: str(key)},
+            "annotations": annotations,
         },
         "spec": {
             "deviceSelector": {"driver": key.driver, "pool": key.pool, "device": key.device},

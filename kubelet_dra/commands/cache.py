@@ -18,6 +18,15 @@ device entry is the kubelet's zero ``DeviceHealth``: it reads ``Unknown``.
 
 Both print what a reader would see *now*: a record whose lease ran out shows
 ``Unknown`` in the ``visible`` column, as the kubelet's ``getHealthInfo``.
+
+Devices are named ``<driver>/<pool>/<device>``. Where the kubelet's DRA
+checkpoint (``--kubelet-root-dir``, default ``/var/lib/kubelet``; read only,
+``kubeletcheckpoint``) gives a device a CDI device ID, the ``resourceid``
+column shows the ``resourceID`` the kubelet writes for it (and ours after it
+where several devices of a claim share that ID), so a row can be matched with
+``allocatedResourcesStatus``; JSON has ``name``, ``kubeletResourceID`` and
+``resourceID``. A missing checkpoint leaves the column empty; an unusable one
+is a warning on stderr.
 """
 
 from __future__ import annotations
@@ -32,9 +41,10 @@ import time
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from kubelet_dra import errors, healthinfo, models, store
+from kubelet_dra import claims, errors, healthinfo, kubeletcheckpoint, models, store
 
 Row = tuple[models.DeviceKey, models.DeviceHealth]
+Ids = dict[models.DeviceKey, tuple[str, str]]  # (kubelet's, our) resourceID
 
 
 def add_parser(subparsers: Any) -> None:
@@ -45,6 +55,13 @@ def add_parser(subparsers: Any) -> None:
     source = show.add_mutually_exclusive_group(required=True)
     source.add_argument("--state-dir", type=pathlib.Path, help="our state directory")
     source.add_argument("--kubelet-state", type=pathlib.Path, help="a kubelet dra_health_state")
+    show.add_argument(
+        "--kubelet-root-dir",
+        type=pathlib.Path,
+        default=pathlib.Path("/var/lib/kubelet"),
+        help="the kubelet's root dir, whose dra_manager_state names CDI device IDs "
+        "(default /var/lib/kubelet; empty: none)",
+    )
     show.add_argument("--output", choices=["table", "json"], default="table")
     show.add_argument(
         "--health-timeout",
@@ -64,8 +81,28 @@ def run_show(ns: argparse.Namespace) -> int:
     except errors.StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    render(rows, now=time.time(), output=ns.output, out=sys.stdout)
+    ids = read_resource_ids(ns.kubelet_root_dir)
+    render(rows, now=time.time(), output=ns.output, out=sys.stdout, ids=ids)
     return 0
+
+
+def read_resource_ids(root: pathlib.Path | None) -> Ids:
+    """Each device's (kubelet's, our) resourceID from the kubelet's DRA checkpoint.
+
+    The first claim in (namespace, name) order speaks for a device in several.
+    """
+    if root is None or str(root) in ("", "."):
+        return {}
+    try:
+        found = kubeletcheckpoint.read(root / kubeletcheckpoint.FILE_NAME) or ()
+    except kubeletcheckpoint.CheckpointError as exc:
+        print(f"warning: kubelet checkpoint not used: {exc}", file=sys.stderr)
+        return {}
+    ids: Ids = {}
+    for claim in sorted(found, key=lambda c: c.key):
+        for device in claim.devices:
+            ids.setdefault(device.key, (device.kubelet_id, device.resource_id))
+    return ids
 
 
 def read_state_dir(state_dir: pathlib.Path) -> list[Row]:
@@ -129,6 +166,12 @@ def _kubelet_row(driver: str, name: str, entry: object, default_lease: float) ->
     return key, record
 
 
+def _beside(key: models.DeviceKey, kubelet_id: str, resource_id: str) -> str:
+    """The table's ``resourceid``: what ``claims.device_name`` puts in parentheses."""
+    name = claims.device_name(key, kubelet_id, resource_id)
+    return name[len(str(key)) + 2 : -1] if name != str(key) else ""
+
+
 def _health(value: object) -> models.HealthStatus:
     try:
         return models.HealthStatus(str(value))
@@ -143,13 +186,18 @@ def _go_time(text: str) -> float:
         return 0.0
 
 
-def render(rows: Iterable[Row], *, now: float, output: str, out: TextIO) -> None:
-    items = [_as_dict(key, record, now) for key, record in rows]
+def render(
+    rows: Iterable[Row], *, now: float, output: str, out: TextIO, ids: Ids | None = None
+) -> None:
+    items = [_as_dict(key, record, now, (ids or {}).get(key)) for key, record in rows]
     if output == "json":
-        json.dump(items, out, indent=2, ensure_ascii=False)
+        plain = [{k: v for k, v in item.items() if k != "resourceid"} for item in items]
+        json.dump(plain, out, indent=2, ensure_ascii=False)
         out.write("\n")
         return
-    columns = ["driver", "pool", "device", "stored", "visible", "lease", "age", "message"]
+    columns = [
+        "driver", "pool", "device", "stored", "visible", "lease", "age", "resourceid", "message",
+    ]  # fmt: skip
     table = [[str(item[c]) for c in columns] for item in items]
     widths = [max([len(c), *(len(r[i]) for r in table)]) for i, c in enumerate(columns)]
     for line in [[c.upper() for c in columns], *table]:
@@ -158,12 +206,22 @@ def render(rows: Iterable[Row], *, now: float, output: str, out: TextIO) -> None
     out.write(f"{len(items)} devices\n")
 
 
-def _as_dict(key: models.DeviceKey, record: models.DeviceHealth, now: float) -> dict[str, Any]:
+def _as_dict(
+    key: models.DeviceKey,
+    record: models.DeviceHealth,
+    now: float,
+    ids: tuple[str, str] | None = None,
+) -> dict[str, Any]:
     visible, _ = record.visible(now)
+    kubelet_id, resource_id = ids or (str(key), str(key))
     return {
         "driver": key.driver,
         "pool": key.pool,
         "device": key.device,
+        "name": claims.device_name(key, kubelet_id, resource_id),
+        "kubeletResourceID": kubelet_id,
+        "resourceID": resource_id,
+        "resourceid": _beside(key, kubelet_id, resource_id),
         "stored": record.health.value,
         "visible": visible.value,
         "lease": f"{record.lease:g}s",

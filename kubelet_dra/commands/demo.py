@@ -135,11 +135,15 @@ class Demo:
         self._say(f"driver goes silent; leases of {max(1, int(beat * 2))} s run out...")
         await self._expect(api, "leases ran out: Unknown", lambda h: all(v == "Unknown" for v in h))
         driver.set_silent(False)
-        await driver.set_health(*self._health({}), resend=beat)
+        lease = max(1, int(beat * 2))
+        await driver.set_health(*self._health({}, timeout=lease), resend=beat)
         await self._expect(api, "reports resume: Healthy", lambda h: all(v == "Healthy" for v in h))
         await driver.stop()
-        self._say("driver process dies (its sockets disappear)...")
-        await self._expect(api, "driver gone: Unknown", lambda h: all(v == "Unknown" for v in h))
+        # The lease outlives the stream: health is kept until it runs out.
+        self._say(f"driver process dies (its sockets disappear); leases of {lease} s run out...")
+        await self._expect(
+            api, "driver gone, leases ran out: Unknown", lambda h: all(v == "Unknown" for v in h)
+        )
         await driver.start()
         await driver.set_health(*self._health({}), resend=beat)
         await self._expect(api, "driver back: Healthy", lambda h: all(v == "Healthy" for v in h))

@@ -206,7 +206,8 @@ def health_transitions(
         if before == device.health or first_and_boring:
             continue
         reason, kind = _REASON[device.health]
-        message = f"Device {device.key} (claim {device.claim_ref}) is {device.health}"
+        name = podstatus.device_name(device)
+        message = f"Device {name} (claim {device.claim_ref}) is {device.health}"
         yield reason, kind, message + (f": {device.message}" if device.message else "")
 
 

@@ -1,7 +1,8 @@
-"""What the API server keeps of our writes, learned from its answers.
+"""What the API server and the kubelet keep of our writes, learned from pods.
 
 Part of ``kube``. No kubelet counterpart: the kubelet is built with the API
-server's feature gates known; a sidecar talks to whatever server it finds.
+server's feature gates known; a sidecar talks to whatever server it finds,
+next to a kubelet whose gates it cannot read.
 
 - ``ResourceHealthStatus`` off: the server drops
   ``allocatedResourcesStatus`` from the containers we sent it for. Logged
@@ -12,6 +13,14 @@ server's feature gates known; a sidecar talks to whatever server it finds.
 - Health entries of init containers (sidecars) refused with a 422 whose
   ``test`` operations all held: validation there is not verified upstream, so
   we stop sending them.
+
+:class:`KubeletGate` is the kubelet's side: a kubelet whose own
+``ResourceHealthStatus`` gate is off removes the field at its next status
+reconcile (its status manager patches the whole atomic ``containerStatuses``
+list, ``pkg/kubelet/status/status_manager.go`` and ``pkg/util/pod/pod.go``).
+The gate is the kubelet's, so the finding holds for the whole node. It is said
+once: a log line, the ``kubelet_removes_field`` gauge, a ``/readyz`` note and
+a Node Event with reason :data:`KUBELET_REMOVES_REASON`.
 """
 
 from __future__ import annotations
@@ -19,13 +28,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from kubelet_dra import claims, podjson, podstatus
+from kubelet_dra import claims, podjson, podstatus, settings
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import events as kube_events
-from kubelet_dra.kube import patchplan
+from kubelet_dra.kube import patchplan, podstate
 from kubelet_dra.podjson import Obj
 
 logger = logging.getLogger(__name__)
+
+KUBELET_REMOVES_REASON = "KubeletRemovesResourceHealth"
+"""The Node Event's reason: a contract, checks outside this repository look for it."""
 
 
 class ServerGates:
@@ -84,3 +96,65 @@ class ServerGates:
 
 def _has_message(entries: Iterable[Obj] | None) -> bool:
     return any(r.get("message") for e in entries or () for r in e.get("resources") or ())
+
+
+class KubeletGate:
+    """Whether the node's kubelet removes the field we write; found once, for the node."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        events: kube_events.EventRecorder,
+        mode: settings.ContainerStatusMode,
+        condition_type: str,
+    ) -> None:
+        self.node = node
+        self.removes = False  # the kubelet's ResourceHealthStatus gate is off
+        self.removals = 0  # removals seen, every pod, every mode
+        self._events = events
+        self._mode = mode
+        self._condition = condition_type
+
+    def removed(self, pod: Obj) -> None:
+        """The kubelet removed the field we wrote in ``pod``: count it, say it once."""
+        self.removals += 1
+        if self.removes:
+            return
+        self.removes = True
+        where = f"{podjson.namespace(pod)}/{podjson.name(pod)}"
+        logger.warning("%s (first seen on pod %s). %s", self.summary(), where, self._action())
+        self._events.record(
+            kube_events.node_ref(self.node), KUBELET_REMOVES_REASON,
+            self.note(), kind="Warning",
+        )  # fmt: skip
+
+    def summary(self) -> str:
+        """What happened, in one sentence (the log line, the Event, ``/readyz``)."""
+        return (
+            f"The kubelet on node {self.node} removes containerStatuses[].allocatedResourcesStatus "
+            "that the sidecar writes: its ResourceHealthStatus feature gate is off"
+        )
+
+    def note(self) -> str:
+        """The ``/readyz`` note: what happened and what the sidecar does about it."""
+        return f"{self.summary()}. {self._action()}"
+
+    def _action(self) -> str:
+        where = (
+            f"device health stays in the pod condition {self._condition} and in Events"
+            if self._condition
+            else "device health stays in Events (the pod condition is disabled)"
+        )
+        if self._mode is settings.ContainerStatusMode.ON:
+            return (
+                "--container-status on: rewriting the field at most once per pod per "
+                f"{podstate.REMOVAL_BACKOFF_MAX / 60:g} minutes; {where}. Turn the kubelet's "
+                "ResourceHealthStatus gate on to keep the field, or use --container-status auto "
+                "to stop rewriting it"
+            )
+        return (
+            f"Not writing that field on this node any more; {where}. Turn the kubelet's "
+            "ResourceHealthStatus gate on to get the field (the kubelet then writes it), "
+            "or set --container-status off to say so"
+        )

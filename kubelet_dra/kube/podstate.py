@@ -9,19 +9,28 @@ device health its events last announced. Forgetting a pod is dropping one
 entry (:meth:`PodStates.drop`).
 
 Scheduling is pure arithmetic on times the caller passes: the write window is
-leading-edge per pod (:meth:`PodStates.mark_dirty`), and a pod whose write
-failed transiently is retried after :func:`failure_backoff`.
+leading-edge per pod (:meth:`PodStates.mark_dirty`), a pod whose write
+failed transiently is retried after :func:`failure_backoff`, and with
+``--container-status on`` a field the kubelet removed is written again only
+after :func:`removal_backoff`.
+
+Who else touches the field is read from pod versions by :func:`kubelet_verdict`
+(``--container-status``, the four cases of issue 19): the kubelet writes it,
+the kubelet removes it, or nobody touches it. The fourth, the API server
+dropping it, shows in our own write's answer (``kube.gates``), so what we wrote
+is recorded from that answer and a dropped field is never taken for a removal.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import random
 from collections.abc import Iterator
 from typing import Any
 
-from kubelet_dra import claims, models, podjson
+from kubelet_dra import claims, models, podjson, podstatus
 from kubelet_dra.podjson import Obj
 
 FAILED_RETRY_MAX = 30.0
@@ -35,6 +44,31 @@ def failure_backoff(streak: int, rng: random.Random) -> float:
     and fewer attempts and the pods of a node do not retry in step.
     """
     return min(FAILED_RETRY_MAX, 2.0 ** (streak - 1)) * rng.uniform(0.8, 1.2)
+
+
+REMOVAL_BACKOFF_FIRST = 10.0
+"""Seconds before the first rewrite of a field the kubelet removed (``on``): its
+status manager reconciles every 10 s, so sooner would only be removed again."""
+
+REMOVAL_BACKOFF_MAX = 300.0
+"""At most one rewrite per pod per 5 minutes in steady state (``on``)."""
+
+
+def removal_backoff(removals: int) -> float:
+    """Seconds, after the ``removals``-th removal seen, before writing the field again.
+
+    10, 20, 40 ... 300 s, no jitter: the bound is a documented promise
+    (``docs/sidecar.md``), and pods' removals already come at their own times.
+    """
+    return min(REMOVAL_BACKOFF_MAX, REMOVAL_BACKOFF_FIRST * 2.0 ** (max(removals, 1) - 1))
+
+
+class Verdict(enum.Enum):
+    """What a later pod version says about the other writers of our field."""
+
+    NOBODY = "nobody"  # no sign of another writer: keep writing
+    KUBELET_WRITES = "kubelet_writes"  # its own entries (CDI IDs) or ours changed
+    KUBELET_REMOVES = "kubelet_removes"  # our entries gone from where the server kept them
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,6 +101,8 @@ class PodState:
     written: Written | None = None
     record: PostMortem | None = None
     kubelet_owned: bool = False  # the kubelet writes this pod's device entries
+    removals: int = 0  # times the kubelet was seen removing the field we wrote
+    rewrite_at: float | None = None  # ``on``: not before this time after a removal
     seen_health: dict[models.DeviceKey, models.HealthStatus] = dataclasses.field(
         default_factory=dict
     )  # what the last event computation saw
@@ -84,6 +120,7 @@ class PodStates:
     def __init__(self) -> None:
         self._states: dict[str, PodState] = {}
         self._dirty: set[str] = set()  # an index of the states whose ``due`` is set
+        self._deferred: set[str] = set()  # dirty only for a planned rewrite (see ``defer``)
         self._records = 0
         self._owned = 0
         self._next_expiry: float | None = None
@@ -116,6 +153,7 @@ class PodStates:
         """Forget the pod and all that was kept for it."""
         state = self._states.pop(uid, None)
         self._dirty.discard(uid)
+        self._deferred.discard(uid)
         if state is not None:
             self._records -= state.record is not None
             self._owned -= state.kubelet_owned
@@ -140,12 +178,28 @@ class PodStates:
         if state is not None:
             self._set_due(state, at)
 
+    def defer(self, uid: str, at: float) -> None:
+        """Write the pod again at ``at``, though nothing changed (a rewrite after a backoff).
+
+        Not counted in :attr:`pending`: no change waits, only a planned rewrite.
+        An already dirty pod keeps the earlier time and stays pending.
+        """
+        state = self._states.get(uid)
+        if state is None:
+            return
+        if state.due is None:
+            self._set_due(state, at)
+            self._deferred.add(uid)
+        else:
+            state.due = min(state.due, at)
+
     def take_due(self, now: float) -> list[str]:
         """The pods due at ``now``, no longer dirty."""
         due = [uid for uid in self._dirty if self._due(uid) <= now]
         for uid in due:
             self._states[uid].due = None
             self._dirty.discard(uid)
+            self._deferred.discard(uid)
         return due
 
     def next_due(self) -> float | None:
@@ -154,12 +208,13 @@ class PodStates:
 
     @property
     def pending(self) -> int:
-        """How many pods are dirty."""
-        return len(self._dirty)
+        """How many pods wait for a write of a change (planned rewrites not counted)."""
+        return len(self._dirty) - len(self._deferred)
 
     def _set_due(self, state: PodState, due: float) -> None:
         state.due = due
         self._dirty.add(state.uid)
+        self._deferred.discard(state.uid)
 
     def _due(self, uid: str) -> float:
         due = self._states[uid].due
@@ -216,3 +271,66 @@ class PodStates:
     def kubelet_owned(self) -> int:
         """How many pods' device entries the kubelet writes."""
         return self._owned
+
+
+# -- who else writes the field ---------------------------------------------------
+
+
+def managed_entries(pod: Obj, desired: podstatus.Desired) -> tuple[Any, ...]:
+    """Normalized entries of the containers we manage, to compare across writes."""
+    status = podjson.status(pod)
+    return tuple(
+        (key, podstatus.normalized(podstatus.container_entries(status, *key)))
+        for key in sorted(desired.containers)
+    )
+
+
+def kubelet_verdict(written: Written | None, pod: Obj, desired: podstatus.Desired) -> Verdict:
+    """What ``pod`` says about the kubelet, given what our last accepted write left.
+
+    - Entries under our names with resource IDs we would not produce (CDI
+      IDs), or entries we wrote changed by a later version: the kubelet writes
+      the field.
+    - A later version in which every container we wrote entries for (and
+      which is still listed) has none of our entry names left: the kubelet
+      removes it. Its status manager sends the whole atomic
+      ``containerStatuses`` list, without the field when its
+      ``ResourceHealthStatus`` gate is off.
+    - Otherwise nobody touches it. ``written`` comes from our own write's
+      answer, so a field the API server dropped is empty there: no removal.
+    """
+    if written is None:
+        return Verdict.KUBELET_WRITES if _foreign_ids(pod, desired) else Verdict.NOBODY
+    if podjson.resource_version_number(pod) <= written.rv:
+        return Verdict.NOBODY
+    status = podjson.status(pod)
+    changed = removed = kept = False
+    for key, before in written.entries:
+        now = podstatus.normalized(podstatus.container_entries(status, *key))
+        if now == before:
+            continue
+        changed = True
+        ours = {name for name, _ in before} & set(desired.containers.get(key) or ())
+        if not ours or podjson.find_named(podjson.items(status, key[0]), key[1]) is None:
+            continue  # nothing of ours there, or the container is not listed: no evidence
+        if ours & {name for name, _ in now}:
+            kept = True
+        else:
+            removed = True
+    if removed and not kept:
+        return Verdict.KUBELET_REMOVES
+    return Verdict.KUBELET_WRITES if changed else Verdict.NOBODY
+
+
+def _foreign_ids(pod: Obj, desired: podstatus.Desired) -> bool:
+    status = podjson.status(pod)
+    for (field, container), managed in desired.containers.items():
+        for entry in podstatus.container_entries(status, field, container):
+            want = managed.get(entry.get("name", ""))
+            if entry.get("name") in managed and _ids(entry) != _ids(want):
+                return True
+    return False
+
+
+def _ids(entry: Obj | None) -> set[str]:
+    return {str(r.get("resourceID")) for r in (entry or {}).get("resources") or ()}

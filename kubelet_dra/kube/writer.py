@@ -34,12 +34,20 @@ only spare tokens (``calls.TokenBucket``), so they never delay a status write.
 
 ``--container-status``:
 
-- ``on`` always writes ``allocatedResourcesStatus``; ``off`` never does;
-- ``auto`` writes it unless the kubelet on this node writes it for that pod:
-  entries for our names with resource IDs we would not produce (CDI IDs), or
-  entries changed by someone else after our last write (a kubelet that
-  rewrites container statuses without them). Then we leave the field to the
-  kubelet for that pod and keep only the condition and events: no write war.
+- ``off`` never writes ``allocatedResourcesStatus``;
+- ``auto`` tells four cases apart (``podstate.kubelet_verdict``, issue 19):
+  the kubelet writes the field (entries for our names with resource IDs we
+  would not produce, CDI IDs, or our entries changed by a later version):
+  we leave the field to it for that pod. The kubelet removes it (a later
+  version lacks our entries where our write's answer had them; its
+  ``ResourceHealthStatus`` gate is off): we stop writing the field on the
+  whole node and say so once (``gates.KubeletGate``). The API server drops
+  it (our own answer lacks it): ``gates.ServerGates``. Nobody touches it:
+  we keep writing. The condition and events go on in every case;
+- ``on`` always writes it, except that a field the kubelet removed is
+  written again only after a per-pod backoff (``podstate.removal_backoff``:
+  10 s doubling to 5 min), so beside a kubelet that removes it there is at
+  most one rewrite per pod per 5 minutes in steady state, not a write war.
 
 If the API server drops the field (its ``ResourceHealthStatus`` gate is off)
 the response says so: we log it once, count it, post one Event on the node
@@ -101,6 +109,8 @@ class WriterStats:
     message_gate_off: bool = False
     gate_off_detected: int = 0
     kubelet_owned_pods: int = 0
+    kubelet_removes: bool = False  # the node's kubelet removes the field (its gate is off)
+    field_removals: int = 0  # removals of our field seen, every pod
     postmortem_records: int = 0
     pending: int = 0
 
@@ -137,6 +147,10 @@ class StatusWriter:
             clock=clock, counts=self.stats, max_attempts=max_attempts, rng=self._rng,
         )  # fmt: skip
         self._gates = gates.ServerGates(node=node_name, events=self._events)
+        self._kubelet = gates.KubeletGate(
+            node=node_name, events=self._events, mode=self.mode,
+            condition_type=config.pod_condition_type,
+        )  # fmt: skip
         self._sem = asyncio.Semaphore(concurrency or config.write_concurrency)
         self._pods = podstate.PodStates()
         self._wake = asyncio.Event()
@@ -191,6 +205,11 @@ class StatusWriter:
         """Whether a terminated pod's post-mortem record is kept."""
         state = self._pods.get(uid)
         return state is not None and state.record is not None
+
+    @property
+    def kubelet(self) -> gates.KubeletGate:
+        """What the node's kubelet does with the field we write (read it, do not change it)."""
+        return self._kubelet
 
     @property
     def events(self) -> kube_events.EventRecorder:
@@ -420,7 +439,8 @@ class StatusWriter:
             state.pod = answer
         self._gates.check_answer(plan, answer)
         if plan.containers:
-            state.written = podstate.Written(_rv(answer), _managed_entries(answer, desired))
+            entries = podstate.managed_entries(answer, desired)
+            state.written = podstate.Written(_rv(answer), entries)
 
     def _failed(self, state: podstate.PodState, exc: kube_api.CallError) -> None:
         self.stats.results["failed"] += 1
@@ -449,15 +469,36 @@ class StatusWriter:
     ) -> bool:
         if self.mode is settings.ContainerStatusMode.OFF or self._gates.health_dropped:
             return False
+        verdict = podstate.kubelet_verdict(state.written, pod, desired)
+        if verdict is podstate.Verdict.KUBELET_REMOVES:
+            self._kubelet_removed(state, pod)
         if self.mode is settings.ContainerStatusMode.ON:
-            return True
-        if not state.kubelet_owned and _kubelet_writes(state, pod, desired):
+            return self._rewrite_due(state)
+        if self._kubelet.removes:
+            return False  # the kubelet's gate is off: node-wide, said once
+        if verdict is podstate.Verdict.KUBELET_WRITES and not state.kubelet_owned:
             self._pods.mark_kubelet_owned(state)
             logger.info(
                 "The kubelet writes device health for pod %s; leaving that field to it",
                 podjson.name(pod),
             )
         return not state.kubelet_owned
+
+    def _kubelet_removed(self, state: podstate.PodState, pod: Obj) -> None:
+        # Counted once per removal: what we wrote is forgotten until we write again.
+        state.written = None
+        state.removals += 1
+        state.rewrite_at = self._clock.now() + podstate.removal_backoff(state.removals)
+        self._kubelet.removed(pod)
+        self._refresh_stats()
+
+    def _rewrite_due(self, state: podstate.PodState) -> bool:
+        """``on``: whether the field may be written now; if not, when it will be."""
+        if state.rewrite_at is None or self._clock.now() >= state.rewrite_at:
+            return True
+        # The condition is written now; the field once the backoff is over.
+        self._pods.defer(state.uid, state.rewrite_at)
+        return False
 
     # -- terminated pods -----------------------------------------------------
 
@@ -478,33 +519,8 @@ class StatusWriter:
         self.stats.gate_off = self._gates.health_dropped
         self.stats.message_gate_off = self._gates.message_dropped
         self.stats.gate_off_detected = self._gates.detected
-
-
-def _kubelet_writes(state: podstate.PodState, pod: Obj, desired: podstatus.Desired) -> bool:
-    """Whether the kubelet writes this pod's device entries (``--container-status auto``)."""
-    last = state.written
-    if last is not None:
-        return _rv(pod) > last.rv and _managed_entries(pod, desired) != last.entries
-    status = podjson.status(pod)
-    for (field, container), managed in desired.containers.items():
-        for entry in podstatus.container_entries(status, field, container):
-            want = managed.get(entry.get("name", ""))
-            if entry.get("name") in managed and _ids(entry) != _ids(want):
-                return True
-    return False
-
-
-def _managed_entries(pod: Obj, desired: podstatus.Desired) -> tuple[Any, ...]:
-    """Normalized entries of the containers we manage, to compare across writes."""
-    status = podjson.status(pod)
-    return tuple(
-        (key, podstatus.normalized(podstatus.container_entries(status, *key)))
-        for key in sorted(desired.containers)
-    )
-
-
-def _ids(entry: Obj | None) -> set[str]:
-    return {str(r.get("resourceID")) for r in (entry or {}).get("resources") or ()}
+        self.stats.kubelet_removes = self._kubelet.removes
+        self.stats.field_removals = self._kubelet.removals
 
 
 _rv = podjson.resource_version_number

@@ -321,8 +321,9 @@ class View:
         self.fetch_claims(c for c in claim_of.values() if c is not None)
         kept = []
         for r in rows:
-            claim = claim_of[id(r)]
-            device = model.resolve(r.resource_id, r.claim, self.results[claim]) if claim else None
+            claim, view = claim_of[id(r)], self.pods[(r.namespace, r.name)]
+            results = self.results[claim] if claim else ()
+            device = model.resolve(r.resource_id, r.claim, results, view)
             if model.driver_matches(driver, device, r.resource_id):
                 kept.append(r)
         return kept
@@ -484,7 +485,7 @@ def _device(
     results: Mapping[claims_mod.ClaimKey, Sequence[model.Result]],
 ) -> model.DeviceId | None:
     claim = view.claim_of(res.entry)
-    return model.resolve(res.resource_id, res.entry, results.get(claim, ())) if claim else None
+    return model.resolve(res.resource_id, res.entry, results.get(claim, ()) if claim else (), view)
 
 
 def entry_point() -> None:

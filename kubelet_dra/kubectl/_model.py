@@ -8,11 +8,21 @@ entries.
 
 Devices are named by ``resourceID`` as the kubelet names them: the device's first CDI device
 ID if its driver returned one, else ``<driver>/<pool>/<device>``. :func:`resolve` maps one back
-to a device through the pod's ResourceClaim (``status.allocation.devices.results``, which
-``claims.claim_from_api`` parses): an exact ``<driver>/<pool>/<device>`` match; else the only
-result the entry's request can see; else, for a CDI ID (``vendor/class=name``), the only result
-whose device name ends the CDI name (drivers commonly name CDI devices
-``<claim uid>-<device>``). Anything else stays unresolved (``None``).
+to a device, in this order:
+
+1. an exact ``<driver>/<pool>/<device>`` match among the results of the pod's ResourceClaim
+   (``status.allocation.devices.results``, which ``claims.claim_from_api`` parses);
+2. our pod condition: it names each device it mentions ``<driver>/<pool>/<device> (as <the
+   kubelet's resourceID>)``, or ``(as <kubelet's>, ours <ours>)`` where the kubelet's ID is
+   shared by several devices of a claim (``claims.device_name``); :func:`condition_names`
+   reads that back. A shared kubelet ID resolves to no device (the kubelet's entry shows one
+   of several devices' health), and :func:`resolve` tries nothing else for it;
+3. the only result the entry's request can see;
+4. for a CDI ID (``vendor/class=name``), the only result whose device name ends the CDI name
+   (drivers commonly name CDI devices ``<claim uid>-<device>``): a guess, used last.
+
+Anything else stays unresolved (``None``). The condition names only devices that are not
+Healthy, so a healthy device with a CDI ID is resolved by 3 or 4, or not at all.
 
 Taints come from ``DeviceTaintRule`` objects: a rule taints a device when every criterion of
 its ``deviceSelector`` that we can evaluate (driver, pool, device) matches; a rule without a
@@ -23,6 +33,7 @@ selector matches nothing, and one with criteria we cannot evaluate here (the CEL
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +48,11 @@ _STATUS_FIELDS = (claims_mod.CONTAINERS, claims_mod.INIT_CONTAINERS)
 
 Obj = Mapping[str, Any]
 DeviceId = tuple[str, str, str]  # driver, pool, device
+# claims.device_name's form in a condition message: <driver>/<pool>/<device> (as K[, ours R]).
+# A driver has no "/", a device no "/" (DNS labels); the pool may have some.
+_NAMED = re.compile(
+    r"(?<![^\s;:])([^\s/;:()]+)/(\S+)/([^\s/()]+) \(as ([^\s,()]+)(?:, ours ([^\s,()]+))?\)"
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,6 +85,10 @@ class PodView:
     claims: Mapping[str, str]  # pod claim reference -> ResourceClaim name (resolved ones)
     resources: tuple[Resource, ...]
     condition: Condition | None
+    named: Mapping[str, DeviceId] = dataclasses.field(default_factory=dict)
+    """resourceID -> device, as our condition names them (:func:`condition_names`)."""
+    shared: frozenset[str] = frozenset()
+    """The kubelet's resourceIDs our condition says several devices share."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -173,11 +193,36 @@ def pod_view(pod: Obj, condition_type: str) -> PodView:
             str(cond.get("status", "")), str(cond.get("reason") or ""),
             str(cond.get("message") or ""), str(cond.get("lastTransitionTime") or ""),
         )  # fmt: skip
+    named, shared = condition_names(condition.message if condition else "")
     return PodView(
         str(meta.get("namespace") or "default"), str(meta.get("name", "")),
         str(meta.get("uid", "")), str(spec.get("nodeName") or ""), refs, tuple(resources),
-        condition,
+        condition, named, shared,
     )  # fmt: skip
+
+
+def condition_names(message: str) -> tuple[dict[str, DeviceId], frozenset[str]]:
+    """The resourceIDs our condition's message gives its devices, and the shared ones.
+
+    ``d/p/x (as K)`` maps K to the device; ``d/p/x (as K, ours R)`` maps R to it and marks
+    K shared (the kubelet's one entry for several devices). A K that two devices claim is
+    shared too. Text of any other form adds nothing.
+    """
+    named: dict[str, DeviceId] = {}
+    shared: set[str] = set()
+    for match in _NAMED.finditer(message):
+        driver, pool, device, kubelet_id, ours = match.groups()
+        found = (driver, pool, device)
+        if ours:
+            shared.add(kubelet_id)
+            named[ours] = found
+        elif named.get(kubelet_id, found) != found:
+            shared.add(kubelet_id)
+        else:
+            named[kubelet_id] = found
+    for resource_id in shared:
+        named.pop(resource_id, None)
+    return named, frozenset(shared)
 
 
 def _dicts(value: Any) -> list[Mapping[str, Any]]:
@@ -211,11 +256,18 @@ def claim_results(claim: Obj) -> tuple[Result, ...]:
     )
 
 
-def resolve(resource_id: str, entry: str, results: Sequence[Result]) -> DeviceId | None:
-    """The device a ``resourceID`` of an entry names, among its claim's results."""
+def resolve(
+    resource_id: str, entry: str, results: Sequence[Result], view: PodView | None = None
+) -> DeviceId | None:
+    """The device a ``resourceID`` of an entry names (see the module docstring)."""
     for r in results:
         if f"{r.driver}/{r.pool}/{r.device}" == resource_id:
             return r.device_id
+    if view is not None:
+        if resource_id in view.shared:
+            return None
+        if resource_id in view.named:
+            return view.named[resource_id]
     parsed = parse_entry(entry)
     request = parsed[1] if parsed else ""
     seen = [r for r in results if _serves(r.request, request)]
@@ -286,8 +338,8 @@ def device_row(
         uses[PodUse(pod.namespace, pod.name, res.container, claim.name if claim else None)] = None
         if claim is not None:
             claim_names[str(claim)] = None
-            if device is None and claim in results_of:
-                device = resolve(res.resource_id, res.entry, results_of[claim])
+            if device is None:
+                device = resolve(res.resource_id, res.entry, results_of.get(claim, ()), pod)
     return DeviceRow(
         key[0], key[1], health, message,
         sorted(uses, key=lambda u: (u.namespace, u.name, u.container, u.claim or "")),

@@ -167,13 +167,11 @@ def _containers(
                 continue
             rows = []
             for res in resources:
-                device = (
-                    model.resolve(res.resource_id, res.entry, results.get(claim, ()))
-                    if claim
-                    else None
+                device = model.resolve(
+                    res.resource_id, res.entry, results.get(claim, ()) if claim else (), view
                 )
                 rows.append([
-                    res.resource_id, res.health, "/".join(device) if device else "<unresolved>",
+                    res.resource_id, res.health, _device_cell(device, res.resource_id, view),
                     " ".join(res.message.split()),
                 ])  # fmt: skip
             lines.append(
@@ -219,3 +217,12 @@ def _age(stamp: str, now: float) -> str:
         if seconds >= 2 * size or (unit == "m" and seconds >= 120):
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def _device_cell(device: model.DeviceId | None, resource_id: str, view: model.PodView) -> str:
+    """``describe``'s DEVICE column: the device, or why there is none."""
+    if device is not None:
+        return "/".join(device)
+    if resource_id in view.shared:
+        return "<shared by several devices>"
+    return "<unresolved>"

@@ -26,7 +26,12 @@ _REASONS = {
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One request as the server saw it; ``status`` is 0 when the connection was dropped."""
+    """One request as the server saw it; ``status`` is 0 when the connection was dropped.
+
+    ``stored`` is, for an accepted status write only, the pod as the server stored it after the
+    write (a copy): a check of what a write did reads it, whatever the body's shape (a JSON
+    patch, a merge patch, a whole object), instead of interpreting the body.
+    """
 
     method: str
     path: str
@@ -35,6 +40,7 @@ class RequestRecord:
     body: Any
     status: int
     timestamp: float
+    stored: Any = None
 
     @property
     def is_watch(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import json
 import select
 import socket
@@ -139,7 +140,11 @@ class Handler(BaseHTTPRequestHandler):
         except status.ApiError as err:
             self._send(err.code, err.status, err.headers)
 
-    def _record(self, code: int) -> None:
+    def _record(self, code: int, answer: Any = None) -> None:
+        stored = None
+        if code < 300 and self._method in ("PUT", "PATCH") and self._url_path.endswith("/status"):
+            # A copy: the answer may be the stored object, which later writes change.
+            stored = copy.deepcopy(answer)
         self.server.context.log.add(
             faultlib.RequestRecord(
                 method=self._method,
@@ -149,6 +154,7 @@ class Handler(BaseHTTPRequestHandler):
                 body=self._body,
                 status=code,
                 timestamp=time.time(),
+                stored=stored,
             )
         )
 
@@ -164,7 +170,7 @@ class Handler(BaseHTTPRequestHandler):
             raise status.ApiError(status.status_body(401, "Unauthorized", "Unauthorized"))
 
     def _send(self, code: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        self._record(code)
+        self._record(code, body)
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")

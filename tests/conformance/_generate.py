@@ -15,12 +15,16 @@ pods), pods with one or two containers, and a timeline of episodes:
 Generated scenarios run on the lines we follow (1.37 and 1.38). Their
 deliberate differences are not guessed: a small model of both sides (the
 kubelet's lazy expiry, clearDriver and second phase; our deadline task and
-per-endpoint end) predicts at which sync point which pod is announced by one
-side only, and why, and the scenario declares exactly that (the sync point,
-the pod, and which side announced it); a message cut inside a character is
-declared at the sync points where our side still shows it, for that device
-and the status entries that list it. A prediction that does not come true
-fails the run like an undeclared difference does.
+leases that outlive the stream) predicts at which sync point which pod is
+announced by one side only, and why, and the scenario declares exactly that
+(the sync point, the pod, and which side announced it); where the caches read
+differently after a stream end (we keep the last state for its lease, the
+kubelet's clearDriver deleted it), it declares each such device's health and
+message, in our cache and in every status entry that lists it, with both
+values; a message cut inside a character is declared at the sync points where
+our side still shows it, for that device and the status entries that list it.
+A prediction that does not come true fails the run like an undeclared
+difference does.
 
 The timeline keeps away from what the model does not cover: a short-lease
 device is never reported again before its deadline has passed, a device
@@ -68,7 +72,8 @@ class _Model:
         self.users = users
         self.kubelet: dict[str, dict[str, _Stored]] = {}
         self.ours: dict[str, dict[str, _Stored]] = {}
-        self.ours_unknown: set[Key] = set()  # expired or ended on our side (visible Unknown)
+        self.ours_unknown: set[Key] = set()  # expired on our side (visible Unknown)
+        self.cleared: set[Key] = set()  # deleted by the kubelet's clearDriver, not reported since
         self.announced_kubelet: set[str] = set()
         self.announced_ours: set[str] = set()
         self.causes: dict[str, set[str]] = {}  # pod -> why it was announced
@@ -82,6 +87,21 @@ class _Model:
         if rec is None or key in self.ours_unknown or now - rec.at > rec.lease:
             return ("Unknown", "")
         return rec.value
+
+    def kubelet_visible(self, key: Key, now: float) -> tuple[str, str]:
+        rec = self.kubelet.get(key[0], {}).get(key[1])
+        if rec is None or now - rec.at > rec.lease:
+            return ("Unknown", "")
+        return rec.value
+
+    def reads_differ(self, now: float) -> dict[Key, tuple[tuple[str, str], tuple[str, str]]]:
+        """The devices that read differently, with (ours, kubelet) (only after a stream
+        end: our kept leases)."""
+        keys = {
+            (d, n) for side in (self.ours, self.kubelet) for d, devs in side.items() for n in devs
+        }
+        reads = {k: (self.ours_visible(k, now), self.kubelet_visible(k, now)) for k in keys}
+        return {k: v for k, v in sorted(reads.items()) if v[0] != v[1]}
 
     def advance(self, now: float) -> None:
         """Our deadline task: leases that ran out by ``now`` turn Unknown, pods announced."""
@@ -105,13 +125,17 @@ class _Model:
             old = kub.get(name)
             if old is None and len(kub) >= CAP:
                 continue  # both sides ignore new devices of a full driver
-            if old is None or old.value != value or old.lease != lease:
+            kubelet_announces = old is None or old.value != value or old.lease != lease
+            if kubelet_announces:
                 self.announced_kubelet |= self._pods(key)
             kub[name] = _Stored(value, lease, now)
             before = self.ours_visible(key, now)
             prev = ours.get(name)
             if prev is None or before != value or prev.lease != lease:
                 self.announced_ours |= self._pods(key)
+            elif kubelet_announces and key in self.cleared and self._pods(key):
+                self._cause(key, "lease-outlives-stream")  # new to the cleared kubelet only
+            self.cleared.discard(key)
             ours[name] = _Stored(value, lease, now)
             self.ours_unknown.discard(key)
         # The kubelet's second phase: expired devices missing from the report turn
@@ -127,13 +151,8 @@ class _Model:
 
     def end(self, driver: str, now: float) -> None:
         self.advance(now)
-        self.kubelet.pop(driver, None)  # clearDriver: nobody announced
-        for name in self.ours.get(driver, {}):
-            key = (driver, name)
-            if self.ours_visible(key, now) != ("Unknown", ""):
-                self.announced_ours |= self._pods(key)
-                self._cause(key, "notify-at-stream-end")
-            self.ours_unknown.add(key)
+        # clearDriver: nobody announced. Ours keep their leases: nothing changes.
+        self.cleared |= {(driver, name) for name in self.kubelet.pop(driver, {})}
 
     def _cause(self, key: Key, cause: str) -> None:
         for pod in self._pods(key):
@@ -159,6 +178,10 @@ class _Plan:
     split_messages: set[Key] = dataclasses.field(default_factory=set)
     visible_split: dict[str, set[Key]] = dataclasses.field(default_factory=dict)
     """Sync point -> devices whose message (cut inside a character) our side shows."""
+    differing: dict[str, dict[Key, tuple[tuple[str, str], tuple[str, str]]]] = dataclasses.field(
+        default_factory=dict
+    )
+    """Sync point -> devices our kept lease and the kubelet's cleared cache read differently."""
 
     def __post_init__(self) -> None:
         self.model = _Model(self.users)
@@ -168,7 +191,10 @@ class _Plan:
         self.syncs += 1
         name = f"s{self.syncs}"
         self.steps.append({"sync": name})
+        differ = self.model.reads_differ(self.now)
         ours, kubelet, causes = self.model.sync(self.now)
+        if differ:
+            self.differing[name] = differ
         # One declaration per (cause, side): the pods only that side announced.
         grouped: dict[tuple[str, bool], list[str]] = {}
         for pod in sorted(ours ^ kubelet):
@@ -360,6 +386,8 @@ def scenario(seed: int, *, slow: bool = False) -> sc.Scenario:
     differences = list(plan.differences)
     for at, keys in sorted(plan.visible_split.items()):
         differences += _split_declarations(at, keys, claims, pods)
+    for at, reads in sorted(plan.differing.items()):
+        differences += _lease_declarations(at, reads, claims, pods)
     return sc.Scenario.model_validate(
         {
             "name": f"generated-{seed}",
@@ -385,24 +413,68 @@ def _split_declarations(
     devices = sorted(f"{d}/pool/{n}" for d, n in keys)
     out = [{"feature": feature, "kinds": ["devices"], "at": [at], "subject": devices,
             "field": ["message"]}]  # fmt: skip
-    by_claim = {c["name"]: c for c in claims}
     fields: dict[str, set[str]] = {}  # subject -> fields
+    for key, subject, resource in _listings(claims, pods):
+        if key in keys:
+            fields.setdefault(subject, set()).add(f"{resource} message")
+    for subject, names in sorted(fields.items()):
+        out.append({"feature": feature, "kinds": ["status"], "at": [at],
+                    "subject": [subject], "field": sorted(names)})  # fmt: skip
+    return out
+
+
+def _lease_declarations(
+    at: str,
+    reads: dict[Key, tuple[tuple[str, str], tuple[str, str]]],
+    claims: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """``lease-outlives-stream`` at one sync point: each device field (health, message)
+    our kept lease reads otherwise than the kubelet's cleared cache, in both caches and in
+    every status entry listing the device, grouped by the two values."""
+    # (kind, status subject or "", ours, twin) -> devices, or the subject's fields
+    groups: dict[tuple[str, str, str, str], set[str]] = {}
+    listed = _listings(claims, pods)
+    for key, (mine, theirs) in reads.items():
+        for i, name in enumerate(("health", "message")):
+            if mine[i] == theirs[i]:
+                continue
+            device = f"{key[0]}/pool/{key[1]}"
+            groups.setdefault(("devices", name, mine[i], theirs[i]), set()).add(device)
+            for k, subject, resource in listed:
+                if k == key:
+                    group = groups.setdefault(("status", subject, mine[i], theirs[i]), set())
+                    group.add(f"{resource} {name}")
+    out: list[dict[str, Any]] = []
+    for (kind, where, mine_v, theirs_v), names in sorted(groups.items()):
+        subjects, fields = (
+            (sorted(names), [where]) if kind == "devices" else ([where], sorted(names))
+        )
+        out.append({"feature": "lease-outlives-stream", "kinds": [kind], "at": [at],
+                    "subject": subjects, "field": fields, "ours": mine_v,
+                    "twin": theirs_v})  # fmt: skip
+    return out
+
+
+def _listings(
+    claims: list[dict[str, Any]], pods: list[dict[str, Any]]
+) -> list[tuple[Key, str, str]]:
+    """Every (device, status subject, ``entry <e> resource <id>``) where a container's
+    ``allocatedResourcesStatus`` lists a device."""
+    by_claim = {c["name"]: c for c in claims}
+    out = []
     for pod in pods:
         refs = {r["name"]: by_claim[r["claim"]] for r in pod["claims"]}
         for container in pod["containers"]:
+            subject = f"pod {pod['name']} containerStatuses[{container['name']}]"
             for used in container["claims"]:
                 ref, _, request = used.partition("/")
                 entry = f"claim:{ref}/{request}" if request else f"claim:{ref}"
                 for d in refs[ref]["devices"]:
-                    if (d["driver"], d["device"]) in keys:
-                        subject = f"pod {pod['name']} containerStatuses[{container['name']}]"
-                        rid = f"{d['driver']}/{d['pool']}/{d['device']}"
-                        fields.setdefault(subject, set()).add(
-                            f"entry {entry} resource {rid} message"
-                        )
-    for subject, names in sorted(fields.items()):
-        out.append({"feature": feature, "kinds": ["status"], "at": [at],
-                    "subject": [subject], "field": sorted(names)})  # fmt: skip
+                    rid = f"{d['driver']}/{d['pool']}/{d['device']}"
+                    out.append(
+                        ((d["driver"], d["device"]), subject, f"entry {entry} resource {rid}")
+                    )
     return out
 
 

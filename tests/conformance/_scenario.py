@@ -32,9 +32,13 @@ FEATURES: dict[str, str] = {
     "rolling-upgrade": "per-endpoint ownership in a rolling upgrade (kubernetes #140818)",
     "no-dropped-notifications": "no dropped notifications (the kubelet's 100-slot channel)",
     "init-containers": "restartable init containers (kubernetes #139940)",
-    "notify-at-stream-end": "notification at stream end",
+    "lease-outlives-stream": (
+        "a stream end keeps the devices' last state until their lease runs out "
+        "(the kubelet's clearDriver clears the driver at once)"
+    ),
     "message-char-boundary": "message cut at a character boundary",
     "revived-device": "a report reviving an expired device is a change",
+    "own-resource-ids": "an ID of its own for each device sharing its first CDI ID (issue 19)",
     # Behaviour of newer lines that older lines lack (we follow the newest).
     "sorted-output": "sorted allocatedResourcesStatus (kubelet 1.38)",
     "registration-validation": "driver name and endpoint validation (kubelet 1.38)",
@@ -673,6 +677,10 @@ def load(path: pathlib.Path) -> Scenario:
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path.name}: a scenario is a YAML mapping")
     raw.setdefault("name", path.stem)
+    # Declarations kept in one table (the matrix module) rather than in each file.
+    from tests.conformance import _matrix
+
+    raw["differences"] = [*(raw.get("differences") or ()), *_matrix.declared(path.stem)]
     try:
         scenario = Scenario.model_validate(raw)
     except pydantic.ValidationError as exc:

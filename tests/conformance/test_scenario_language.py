@@ -22,9 +22,10 @@ DELIBERATE = (
     "terminated-pods",
     "rolling-upgrade",
     "init-containers",
-    "notify-at-stream-end",
+    "lease-outlives-stream",
     "message-char-boundary",
     "no-dropped-notifications",
+    "own-resource-ids",
 )
 
 
@@ -188,7 +189,7 @@ def test_generator_is_deterministic_and_covers_the_brief() -> None:
     assert 1024 < max(messages) <= 2050  # up to 2 kB
     assert ends >= 20
     assert {d.feature for s in scenarios for d in s.differences} >= {
-        "unknown-at-deadline", "notify-at-stream-end", "message-char-boundary",
+        "unknown-at-deadline", "lease-outlives-stream", "message-char-boundary",
     }  # fmt: skip
 
 

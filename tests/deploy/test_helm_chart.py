@@ -304,6 +304,7 @@ K0S = {
     "pluginsRegistry": "/var/lib/k0s/kubelet/plugins_registry",
     "plugins": "/var/lib/k0s/kubelet/plugins",
     "state": "/var/lib/k0s/kubelet-dra-health",
+    "kubeletRoot": "/var/lib/k0s/kubelet",
 }
 
 
@@ -316,11 +317,13 @@ def _check_paths(objects: list[Obj]) -> None:
         "plugins": K0S["plugins"],
         "state": K0S["state"],
     }
-    assert host == expected
+    assert host == {**expected, "kubelet-root": K0S["kubeletRoot"]}
     assert {k: mounts[k] for k in expected} == expected
+    assert mounts["kubelet-root"] == "/host" + K0S["kubeletRoot"]
     env = _env(objects)
     assert env["KUBELET_DRA_PLUGINS_REGISTRY"] == K0S["pluginsRegistry"]
     assert env["KUBELET_DRA_STATE_DIR"] == K0S["state"]
+    assert env["KUBELET_DRA_KUBELET_ROOT_DIR"] == "/host" + K0S["kubeletRoot"]
 
 
 TAINT_RULE = {
@@ -698,6 +701,7 @@ def test_rendered_env_is_what_settings_read(
     assert settings.metrics_address == "10.1.2.3:9500"
     assert str(settings.plugins_registry) == K0S["pluginsRegistry"]
     assert str(settings.state_dir) == K0S["state"]
+    assert str(settings.kubelet_root_dir) == "/host" + K0S["kubeletRoot"]
 
 
 def test_rendered_env_names_are_sidecar_settings(helm_bin: Path) -> None:

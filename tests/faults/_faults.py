@@ -131,18 +131,34 @@ class World:
 
 
 def unknown_writes(api: FakeApiServer, since: float = 0.0) -> list[str]:
-    """Accepted status writes (after ``since``) giving a resource ``health: Unknown``."""
+    """Accepted status writes (after ``since``) after which the pod gave a resource ``Unknown``.
+
+    Read from the pod as the stand-in stored it after each write
+    (``RequestRecord.stored``), so a JSON patch, a merge patch and a whole
+    object all count, whatever the body's shape. An accepted write without a
+    stored pod is an error here, never skipped.
+    """
     found = []
     for record in api.status_writes():
-        if record.timestamp < since or record.status >= 400 or not isinstance(record.body, dict):
+        if record.timestamp < since or not 200 <= record.status < 300:
             continue
-        status = record.body.get("status") or {}
-        for container in status.get("containerStatuses") or []:
-            for entry in container.get("allocatedResourcesStatus") or []:
-                for resource in entry.get("resources") or []:
-                    if resource.get("health") == "Unknown":
-                        found.append(f"{record.path}: {resource.get('resourceID')}")
+        if not isinstance(record.stored, dict):
+            raise AssertionError(f"accepted status write without the stored pod: {record.path}")
+        for resource in _unknown_resources(record.stored):
+            found.append(f"{record.path}: {resource}")
     return found
+
+
+def _unknown_resources(pod: dict[str, Any]) -> list[str]:
+    status = pod.get("status") or {}
+    return [
+        str(resource.get("resourceID"))
+        for field in ("initContainerStatuses", "containerStatuses")
+        for container in status.get(field) or []
+        for entry in container.get("allocatedResourcesStatus") or []
+        for resource in entry.get("resources") or []
+        if resource.get("health") == "Unknown"
+    ]
 
 
 def writes_per_pod(api: FakeApiServer) -> dict[str, int]:

@@ -7,8 +7,10 @@ persist, and the state file holds every record again once it can.
 
 A read-only and a full disk are real: a small tmpfs mounted on the state
 directory (``mount -t tmpfs -o size=...``, remounted ``ro`` for read-only),
-which needs root. Without root the read-only case uses a 0500 directory and
-the full-disk case is skipped.
+unmounted at the end and, through a watchdog, also when the test process
+dies (see ``_Tmpfs``). That needs root. Without root the read-only case uses
+a 0500 directory and the full-disk case is skipped; root without the right
+to mount skips both with the mount's error.
 """
 
 from __future__ import annotations
@@ -32,20 +34,66 @@ from . import _faults as fx
 PODS = 4
 
 
-def _mount(*args: str) -> bool:
-    done = subprocess.run(["mount", *args], capture_output=True, check=False)
-    return done.returncode == 0
+class _Tmpfs:
+    """A size-limited tmpfs mounted on ``path``, unmounted however the test ends.
+
+    The pipeline runs in this process, its store in worker threads: a mount in
+    a private namespace (``unshare -m``) would not be theirs, and reaching one
+    through ``/proc/<pid>/root`` does not work because SQLite resolves that
+    link to ``/`` and opens the file beneath the mount. So the mount is in
+    this process's namespace, and a watchdog shell (reading its stdin, a pipe
+    from here) unmounts it when this process goes away, even by SIGKILL; the
+    normal end unmounts it at once.
+    """
+
+    def __init__(self, path: pathlib.Path, size: str) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+            capture_output=True, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise _NotPermitted(done.stderr.decode(errors="replace").strip() or "no reason given")
+        self._watchdog = subprocess.Popen(
+            ["sh", "-c", 'read _; umount -l "$1" 2>/dev/null', "sh", str(path)],
+            stdin=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+
+    def remount(self, mode: str) -> None:
+        """``ro`` or ``rw``."""
+        done = subprocess.run(
+            ["mount", "-o", f"remount,{mode}", str(self.path)], capture_output=True, check=False
+        )
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+
+    def close(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True, check=False)
+        assert self._watchdog.stdin is not None
+        self._watchdog.stdin.close()
+        self._watchdog.wait(timeout=10)
+
+
+class _NotPermitted(Exception):
+    pass
 
 
 @contextlib.contextmanager
-def _tmpfs(path: pathlib.Path, size: str) -> Iterator[bool]:
-    path.mkdir(parents=True, exist_ok=True)
-    mounted = os.geteuid() == 0 and _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
+def _tmpfs(path: pathlib.Path, size: str) -> Iterator[_Tmpfs | None]:
+    """A tmpfs of ``size`` at ``path``; ``None`` when not root (no mount rights)."""
+    if os.geteuid() != 0:
+        yield None
+        return
     try:
-        yield mounted
+        mount = _Tmpfs(path, size)
+    except (_NotPermitted, OSError) as exc:
+        # Root without the right to mount (a container without CAP_SYS_ADMIN):
+        # a 0500 directory stops no root, so skip, with the mount's own words.
+        pytest.skip(f"root, but mounting a tmpfs failed: {exc}")
+    try:
+        yield mount
     finally:
-        if mounted:
-            subprocess.run(["umount", "-l", str(path)], check=False)
+        mount.close()
 
 
 def _degraded_metric(mgr: manager.DRAHealthManager) -> float:
@@ -78,17 +126,17 @@ def _world(api: FakeApiServer, seed: int, devices: int = PODS) -> fx.World:
 async def test_read_only_state_dir_at_start_serves_from_memory_then_persists(
     sockdir: pathlib.Path, api: FakeApiServer
 ) -> None:
-    state = sockdir / "state"
     world = _world(api, 1)
-    cfg = fx.manager_settings(sockdir, api)
-    with _tmpfs(state, "1m") as mounted:
+    with _tmpfs(sockdir / "state", "1m") as mounted:
+        state = sockdir / "state"
+        cfg = fx.manager_settings(sockdir, api, state_dir=state)
         async with FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver:
             await driver.set_health(*world.reports())
             async with manager.DRAHealthManager(cfg):
                 await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
             before = _stored(state)
             if mounted:
-                assert _mount("-o", "remount,ro", str(state))
+                mounted.remount("ro")
             else:
                 state.chmod(0o500)
             try:
@@ -104,7 +152,7 @@ async def test_read_only_state_dir_at_start_serves_from_memory_then_persists(
                         lambda: world.converged(api), what="served from memory", timeout=15
                     )
                     if mounted:
-                        assert _mount("-o", "remount,rw", str(state))
+                        mounted.remount("rw")
                     else:
                         state.chmod(0o700)
                     await eventually(
@@ -125,13 +173,13 @@ async def test_read_only_state_dir_at_start_serves_from_memory_then_persists(
 async def test_disk_full_serves_from_memory_says_so_and_persists_when_space_returns(
     sockdir: pathlib.Path, api: FakeApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    state = sockdir / "state"
     devices = 60
     world = _world(api, 2, devices)
-    cfg = fx.manager_settings(sockdir, api)
-    with _tmpfs(state, "512k") as mounted:
+    with _tmpfs(sockdir / "state", "512k") as mounted:
         if not mounted:
-            pytest.skip("needs root to mount a small tmpfs")
+            pytest.skip("not root: a full disk needs a small tmpfs, which only root can mount")
+        state = sockdir / "state"
+        cfg = fx.manager_settings(sockdir, api, state_dir=state)
         filler = state / "filler"
         async with (
             FakeDriver(name=fx.DRIVER, registry=sockdir / "reg") as driver,

@@ -1,9 +1,12 @@
 """The driver killed and restarted repeatedly, and rolling upgrades, under a live pipeline.
 
 In process: FakeDriver(s) -> DRAHealthManager -> FakeApiServer. Devices must
-turn ``Unknown`` in the pods when their driver goes away and recover when it
-reports again; a rolling upgrade (old and new endpoint overlapping) must never
-show ``Unknown``. Leaks are counted: live asyncio tasks and open file
+turn ``Unknown`` in the pods when their lease runs out after their driver went
+away (the drivers here renew 1 s leases every 0.2 s, so that costs about a
+second a round) and recover when it reports again; a driver killed and back on
+its sockets within the lease (30 s) must not show ``Unknown`` nor cause a pod
+write; a rolling upgrade (old and new endpoint overlapping) must never show
+``Unknown``. Leaks are counted: live asyncio tasks and open file
 descriptors (``/proc/self/fd``) after the last round must not exceed the count
 at the first steady state.
 
@@ -33,6 +36,8 @@ from kubelet_dra.testing._fakedriver_control import FakeDriverClient
 from . import _faults as fx
 
 DEVICES = 4
+LEASE = 1  # seconds: the leases of the drivers that go away for a while
+RESEND = 0.2
 
 
 def _cluster(api: FakeApiServer, rng: random.Random) -> fx.World:
@@ -75,7 +80,7 @@ async def test_driver_stopped_and_restarted_with_sockets_removed(
     cfg = fx.manager_settings(sockdir, api)
     driver = FakeDriver(name=fx.DRIVER, registry=sockdir / "reg")
     await driver.start()
-    await driver.set_health(*world.reports())
+    await driver.set_health(*world.reports(LEASE), resend=RESEND)
     try:
         async with manager.DRAHealthManager(cfg):
             await eventually(lambda: world.converged(api), what="first convergence", timeout=10)
@@ -83,11 +88,11 @@ async def test_driver_stopped_and_restarted_with_sockets_removed(
             for _ in range(rounds):
                 await driver.stop()
                 await eventually(
-                    lambda: _all_unknown(api, world), what="Unknown after stop", timeout=10
+                    lambda: _all_unknown(api, world), what="Unknown at the lease end", timeout=10
                 )
                 world.mutate()
                 await driver.start()
-                await driver.set_health(*world.reports())
+                await driver.set_health(*world.reports(LEASE), resend=RESEND)
                 await eventually(lambda: world.converged(api), what="recovery", timeout=10)
             await _settle()
             summary = leaks.check()
@@ -103,17 +108,17 @@ async def test_driver_process_sigkilled_leaving_its_sockets_and_restarted(
     world = _cluster(api, random.Random(rounds))
     cfg = fx.manager_settings(sockdir, api)
     async with manager.DRAHealthManager(cfg):
-        async with _driver_process(sockdir, world):
+        async with _driver_process(sockdir, world, lease=LEASE):
             await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
             leaks = _Leaks()
         for _ in range(rounds):
             # The SIGKILL left both sockets on disk: only the stream notices.
             assert (sockdir / "reg" / f"{fx.DRIVER}-reg.sock").exists()
             await eventually(
-                lambda: _all_unknown(api, world), what="Unknown after SIGKILL", timeout=10
+                lambda: _all_unknown(api, world), what="Unknown at the lease end", timeout=10
             )
             world.mutate()
-            async with _driver_process(sockdir, world):
+            async with _driver_process(sockdir, world, lease=LEASE):
                 await eventually(lambda: world.converged(api), what="recovery", timeout=15)
         await eventually(
             lambda: _all_unknown(api, world), what="Unknown after the last SIGKILL", timeout=10
@@ -121,6 +126,37 @@ async def test_driver_process_sigkilled_leaving_its_sockets_and_restarted(
         await _settle()
         summary = leaks.check()
     print(f"\ndriver SIGKILL (sockets left): {rounds} rounds, {summary}")
+
+
+@pytest.mark.parametrize("rounds", fx.versions(3, per_round=6))
+async def test_driver_sigkilled_and_back_within_the_lease_writes_nothing(
+    sockdir: pathlib.Path, api: FakeApiServer, rounds: int
+) -> None:
+    # Issue 19 point 7 for the driver (a DaemonSet update without surge): the
+    # process is SIGKILLed while a device is Unhealthy and a new one serves
+    # the same sockets seconds later, well within the 30 s lease.
+    world = _cluster(api, random.Random(rounds))
+    world.health[0] = ("Unhealthy", "XID 79 ✗")
+    cfg = fx.manager_settings(sockdir, api)
+    async with manager.DRAHealthManager(cfg) as mgr:
+        async with _driver_process(sockdir, world):
+            await eventually(lambda: world.converged(api), what="first convergence", timeout=15)
+        since, writes = time.time(), len(api.status_writes())
+        for _ in range(rounds):
+            reports = mgr.plugins.drivers[fx.DRIVER].reports
+            async with _driver_process(sockdir, world):
+                await eventually(
+                    lambda: mgr.plugins.drivers[fx.DRIVER].reports > reports,  # noqa: B023
+                    what="the restarted driver's report",
+                    timeout=15,
+                )
+        await asyncio.sleep(0.3)  # a window for a wrong write to show up
+        assert not world.wrong_pods(api)
+        blips = fx.unknown_writes(api, since)
+        extra = len(api.status_writes()) - writes
+    print(f"\ndriver SIGKILL within the lease: {rounds} rounds, {len(blips)} Unknown blips")
+    assert not blips
+    assert extra == 0, f"{extra} pod writes for restarts that changed nothing"
 
 
 @pytest.mark.parametrize("rounds", fx.versions(3))
@@ -175,15 +211,19 @@ async def _settle() -> None:
         await asyncio.sleep(0.01)
 
 
-def _driver_process(sockdir: pathlib.Path, world: fx.World) -> _DriverContext:
-    return _DriverContext(sockdir, world)
+def _driver_process(sockdir: pathlib.Path, world: fx.World, *, lease: int = 0) -> _DriverContext:
+    return _DriverContext(sockdir, world, lease)
 
 
 class _DriverContext:
-    """``kubelet-dra-health fake-driver`` as a subprocess; SIGKILLed on exit (sockets stay)."""
+    """``kubelet-dra-health fake-driver`` as a subprocess; SIGKILLed on exit (sockets stay).
 
-    def __init__(self, sockdir: pathlib.Path, world: fx.World) -> None:
-        self.sockdir, self.world = sockdir, world
+    With a ``lease`` its devices ask for that timeout and it renews them every
+    :data:`RESEND` seconds; without, the default lease (30 s) and one report.
+    """
+
+    def __init__(self, sockdir: pathlib.Path, world: fx.World, lease: int) -> None:
+        self.sockdir, self.world, self.lease = sockdir, world, lease
         self.proc: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> FakeDriverClient:
@@ -200,7 +240,8 @@ class _DriverContext:
             "--control",
             str(control),
             "--devices",
-            json.dumps(self.world.reports()),
+            json.dumps(self.world.reports(self.lease)),
+            *(["--resend", str(RESEND)] if self.lease else []),
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[2])},
         )

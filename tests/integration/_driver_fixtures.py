@@ -51,7 +51,11 @@ def make_settings(
     under ``sockdir`` and the node name and a kubeconfig for ``api``, then ``overrides``."""
     values: dict[str, Any] = dict(tuning)
     if sockdir is not None:
-        values |= {"plugins_registry": sockdir / "reg", "state_dir": sockdir / "state"}
+        values |= {
+            "plugins_registry": sockdir / "reg",
+            "state_dir": sockdir / "state",
+            "kubelet_root_dir": sockdir / "kubelet",  # no kubelet checkpoint unless written
+        }
     if api is not None:
         assert sockdir is not None, "the kubeconfig is written under sockdir"
         values |= {"node_name": NODE, "kubeconfig": api.write_kubeconfig(sockdir / "kubeconfig")}

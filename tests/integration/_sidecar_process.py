@@ -184,7 +184,7 @@ class SidecarProcess:
         while line := await self.proc.stderr.readline():
             self.stderr.append(line.decode(errors="replace").rstrip("\n"))
 
-    async def metrics_url(self, timeout: float = 8.0) -> str:
+    async def metrics_url(self, timeout: float = 20.0) -> str:
         """``http://host:port`` of the metrics server, read from the sidecar's log."""
 
         def address() -> str | None:

@@ -15,7 +15,7 @@ from kubelet_dra._proto.dra.v1 import api_pb2 as dra_pb2
 from kubelet_dra._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as health_pb2
 from kubelet_dra._proto.dra_health.v1 import api_pb2_grpc as health_grpc
-from kubelet_dra.testing import _fakedriver_control, fakedriver
+from kubelet_dra.testing import _fakedriver_control, eventually, fakedriver
 
 from ._driver_fixtures import device
 
@@ -56,13 +56,16 @@ async def test_push_silent_and_resend(registry: pathlib.Path) -> None:
         assert await first_reports(drv.dra_socket, 3) == [["a"], ["a"], ["a"]]
         drv.set_silent()
         await drv.set_health(device("pool", "b"))
+        # The first reader's stream gone, the next one open is the new reader's.
+        await eventually(lambda: drv.open_streams == 0, what="the first stream closed")
         reader = asyncio.create_task(first_reports(drv.dra_socket, 1))
         await drv.wait_for_streams(1)
-        await asyncio.sleep(0.05)  # a window for a report that must not come
-        assert not reader.done()
         drv.set_silent(False)
-        await drv.push()
-        assert await reader == [["b"]]
+        await drv.set_health(device("pool", "c"))
+        # The stream's first report is the one sent after the silence: had the
+        # silent driver sent "b" (at the stream's start or on set_health), the
+        # reader would have got it first. No window of real time to wait out.
+        assert await reader == [["c"]]
 
 
 async def test_end_streams_and_restart_make_new_sockets(registry: pathlib.Path) -> None:

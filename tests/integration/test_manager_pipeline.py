@@ -6,7 +6,9 @@ kubernetes client talking HTTP to the API stand-in.
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
+import time
 from typing import Any
 
 from kubelet_dra import manager, models, podstatus, settings
@@ -66,27 +68,57 @@ async def test_health_reaches_pod_status_condition_and_state_file(
     )
 
 
-async def test_driver_death_turns_pods_unknown_at_once_and_recovery_heals(
+async def test_driver_death_keeps_health_for_the_lease_then_unknown_and_recovery_heals(
     sockdir: pathlib.Path, api: FakeApiServer
 ) -> None:
     cluster(api)
     cfg = config(sockdir, api, stream_backoff_initial=0.05, stream_backoff_max=0.2)
+    gpu0 = f"{DRIVER}/pool/gpu-0"
     async with FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver:
-        await driver.set_health({"pool": "pool", "device": "gpu-0", "health": "Healthy"})
+        unhealthy = {"pool": "pool", "device": "gpu-0", "health": "Unhealthy", "message": "XID 79"}
+        await driver.set_health({**unhealthy, "timeout_seconds": 2}, resend=0.2)
         async with manager.DRAHealthManager(cfg):
             await eventually(
-                lambda: pod_health(api, "train-a").get(f"{DRIVER}/pool/gpu-0") == ("Healthy", "")
+                lambda: pod_health(api, "train-a").get(gpu0) == ("Unhealthy", "XID 79")
             )
             await driver.stop()
-            await eventually(
-                lambda: pod_health(api, "train-a")[f"{DRIVER}/pool/gpu-0"][0] == "Unknown"
-            )
+            stopped = time.monotonic()
+            await eventually(lambda: pod_health(api, "train-a")[gpu0][0] == "Unknown", timeout=10)
+            # Not at the stream end: when the 2 s lease renewed at most 0.2 s
+            # before the stop ran out (a lower bound only: load makes it later).
+            assert time.monotonic() - stopped >= 1.5
             await driver.start()
             await driver.set_health({"pool": "pool", "device": "gpu-0", "health": "Healthy"})
             await eventually(
-                lambda: pod_health(api, "train-a")[f"{DRIVER}/pool/gpu-0"][0] == "Healthy",
+                lambda: pod_health(api, "train-a")[gpu0][0] == "Healthy",
                 timeout=10,
             )
+
+
+async def test_driver_restart_within_the_lease_writes_no_pod(
+    sockdir: pathlib.Path, api: FakeApiServer
+) -> None:
+    # A DaemonSet update without surge: the driver is killed and back on the
+    # same socket paths within seconds. No Unknown, no write at all.
+    cluster(api)
+    cfg = config(sockdir, api, stream_backoff_initial=0.05, stream_backoff_max=0.2)
+    gpu0 = f"{DRIVER}/pool/gpu-0"
+    async with FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver:
+        await driver.set_health(
+            {"pool": "pool", "device": "gpu-0", "health": "Unhealthy", "message": "XID 79"}
+        )
+        async with manager.DRAHealthManager(cfg) as mgr:
+            await eventually(
+                lambda: pod_health(api, "train-a").get(gpu0) == ("Unhealthy", "XID 79")
+            )
+            await eventually(lambda: condition(api, "train-a") is not None)
+            writes = len(api.status_writes("default", "train-a"))
+            reports = mgr.plugins.drivers[DRIVER].reports
+            await driver.restart()
+            await eventually(lambda: mgr.plugins.drivers[DRIVER].reports > reports, timeout=10)
+            await asyncio.sleep(0.3)  # a window for a wrong write to show up
+            assert len(api.status_writes("default", "train-a")) == writes
+            assert pod_health(api, "train-a")[gpu0] == ("Unhealthy", "XID 79")
 
 
 async def test_node_agent_callback_receives_desired_status(sockdir: pathlib.Path) -> None:

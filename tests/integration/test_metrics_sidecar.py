@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +19,8 @@ from kubelet_dra import healthinfo, manager, settings
 from kubelet_dra.sidecar import Sidecar
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 
-from ._sidecar_process import DRIVER, device, health_of, http_get, settings_for
+from ._kubelet_status import KubeletStatusManager
+from ._sidecar_process import DRIVER, NODE, device, health_of, http_get, settings_for
 
 FAMILIES = {
     # issue 5: per driver endpoint stream state, reconnects
@@ -30,6 +32,8 @@ FAMILIES = {
     "kubelet_dra_refused": "counter",
     # issue 11: registrations refused by validation (kubelet v1.38), by reason
     "kubelet_dra_registrations_refused": "counter",
+    # issue 19: reads of the kubelet's DRA checkpoint refused, by reason
+    "kubelet_dra_checkpoint_refused": "counter",
     # devices by health, lease expiries
     "kubelet_dra_devices": "gauge",
     "kubelet_dra_lease_expiries": "counter",
@@ -46,6 +50,9 @@ FAMILIES = {
     "kubelet_dra_last_report_age_seconds": "gauge",
     # the API server drops allocatedResourcesStatus (gate off)
     "kubelet_dra_api_field_dropped": "gauge",
+    # issue 19: the node's kubelet removes the field (its gate off), and removals seen
+    "kubelet_dra_kubelet_removes_field": "gauge",
+    "kubelet_dra_field_removals": "counter",
 }
 
 
@@ -122,6 +129,27 @@ async def test_readyz_is_503_until_the_pod_cache_syncs(
             "ready": True,
             "checks": {"claims": "ok", "pods": "ok", "store": "ok"},
         }
+
+
+async def test_a_kubelet_that_removes_the_field_shows_in_metrics_and_readyz(
+    sockdir: pathlib.Path, api: FakeApiServer, driver: FakeDriver
+) -> None:
+    await driver.set_health(device("gpu-0"), device("gpu-1", "Unhealthy"))
+    async with Sidecar(config(sockdir, api)) as sidecar:
+        await eventually(lambda: health_of(api, "train-b", "gpu-1") == "Unhealthy")
+        before = await scrape(sidecar)
+        assert before.value("kubelet_dra_kubelet_removes_field") == 0
+        code, body = await probe(sidecar, "/readyz")
+        assert code == 200 and "notes" not in json.loads(body)
+        async with KubeletStatusManager(api, node=NODE).running(0.05):  # its gate off
+            found = await scrape_until(sidecar, "kubelet_dra_kubelet_removes_field", 1)
+        assert (found.value("kubelet_dra_field_removals_total") or 0) >= 1
+        code, body = await probe(sidecar, "/readyz")
+        detail = json.loads(body)
+        assert code == 200 and detail["ready"] is True, body  # a note, not a failed check
+        note = detail["notes"]["container_status"]
+        assert "removes" in note and "ResourceHealthStatus feature gate is off" in note
+        assert "pod condition DeviceHealthy" in note
 
 
 async def test_every_metric_family_is_exported(
@@ -207,3 +235,12 @@ async def test_cap_and_refused_registrations_are_counted(
             assert found.value("kubelet_dra_registrations_refused_total", reason="driver_name") == 1
             assert found.value("kubelet_dra_devices", driver=DRIVER, health="Healthy") == cap
         assert bad.calls["NodeWatchResources/v1"] == 0  # never streamed from
+
+
+def test_the_metrics_table_of_the_docs_lists_every_family() -> None:
+    # docs/sidecar.md names counters with the _total suffix of the exposition format.
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "sidecar.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z_]+)` \| (?:gauge|counter|histogram) \|", text, re.M))
+    for family, kind in FAMILIES.items():
+        name = family.removeprefix("kubelet_dra_") + ("_total" if kind == "counter" else "")
+        assert name in documented, f"{name} is not in the metrics table of docs/sidecar.md"

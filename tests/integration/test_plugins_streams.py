@@ -1,8 +1,7 @@
-"""Health streams: negotiation, stream end rules, reconnect backoff, rolling upgrade."""
+"""Health streams: negotiation, stream ends (the lease outlives them), backoff, rolling upgrade."""
 
 from __future__ import annotations
 
-import asyncio
 import pathlib
 
 import pytest
@@ -58,8 +57,10 @@ async def test_unimplemented_is_called_exactly_once(
         info = await register(manager, drv)
         status = manager.endpoints[str(drv.dra_socket)]
         await eventually(lambda: status.state == plugins.StreamState.UNIMPLEMENTED)
+        parked = fake_clock.sleepers
         fake_clock.advance(3600)  # the kubelet 1.36 would have retried 720 times
-        await asyncio.sleep(0.1)  # a window for a wrong retry to show up
+        # Whatever woke (a wrong retry's backoff included) has run and is parked again.
+        await fake_clock.wait_for_sleepers(parked)
         assert drv.calls["NodeWatchResources/v1"] == 1
         assert (status.state, status.reconnects) == (plugins.StreamState.UNIMPLEMENTED, 0)
         # Re-registration (a new driver pod) is the only way to try again.
@@ -71,37 +72,79 @@ async def test_unimplemented_is_called_exactly_once(
 @pytest.mark.parametrize(
     "code", [None, "INTERNAL", "UNAVAILABLE"], ids=["eof", "internal", "unavailable"]
 )
-async def test_stream_end_marks_devices_unknown_and_notifies_at_once(
+async def test_stream_end_and_a_reconnect_within_the_lease_change_nothing(
     registry: pathlib.Path, stack: Stack, fake_clock: clock.FakeClock, code
 ) -> None:
+    # A driver restarted on the same socket within the lease (a DaemonSet
+    # update without surge): no change announced, no Unknown in between.
     cache, manager, changes = stack
     async with fakedriver.FakeDriver(registry=registry) as drv:
-        await drv.set_health(device("pool", "gpu-0"))
+        await drv.set_health(
+            device("pool", "gpu-0", "Unhealthy", message="ECC", timeout_seconds=10)
+        )
         await register(manager, drv)
-        await eventually(lambda: health(cache, GPU0, fake_clock.now()) == "Healthy")
+        await eventually(lambda: changes.keys == {GPU0})
         changes.calls.clear()
-        await drv.end_streams(code)
-        await eventually(lambda: changes.calls == [[GPU0]])
-        assert health(cache, GPU0, fake_clock.now()) == "Unknown"
         status = manager.endpoints[str(drv.dra_socket)]
+        await drv.end_streams(code)
         await eventually(lambda: status.state == plugins.StreamState.BACKOFF)
+        assert cache.get(GPU0, fake_clock.now()).visible(fake_clock.now()) == ("Unhealthy", "ECC")
+        fake_clock.advance(1.0)  # the first backoff (no jitter)
+        await eventually(lambda: status.reports == 2)
+        assert changes.calls == []
+        assert health(cache, GPU0, fake_clock.now()) == "Unhealthy"
 
 
-async def test_deregistration_cancels_stream_marks_unknown_and_notifies(
+async def test_driver_away_past_the_lease_is_unknown_at_the_deadline_then_back(
     registry: pathlib.Path, stack: Stack, fake_clock: clock.FakeClock
 ) -> None:
     cache, manager, changes = stack
     async with fakedriver.FakeDriver(registry=registry) as drv:
-        await drv.set_health(device("pool", "gpu-0"))
+        await drv.set_health(device("pool", "gpu-0", "Unhealthy", timeout_seconds=10))
+        await register(manager, drv)
+        await eventually(lambda: changes.keys == {GPU0})
+        changes.calls.clear()
+        status = manager.endpoints[str(drv.dra_socket)]
+        await drv.stop()  # killed: its streams break and its sockets are gone
+        await eventually(lambda: status.state == plugins.StreamState.BACKOFF)
+        # Parked: the stream in its backoff, the deadline task at the lease end; nothing else
+        # is left to run that could announce a change.
+        await fake_clock.wait_for_sleepers(2)
+        assert changes.calls == []
+        fake_clock.advance(10.1)  # past the lease; reconnects fail meanwhile
+        await eventually(lambda: changes.calls == [[GPU0]])
+        assert health(cache, GPU0, fake_clock.now()) == "Unknown"
+        assert list(cache.records()) == []  # nothing kept of the vanished stream
+        await drv.start()  # back on the same socket
+        fake_clock.advance(8.0)  # beyond the backoff cap
+        await eventually(lambda: status.reports == 2)
+        assert changes.calls == [[GPU0], [GPU0]]
+        assert health(cache, GPU0, fake_clock.now()) == "Unhealthy"
+
+
+async def test_deregistered_driver_keeps_health_for_its_lease_then_unknown_and_deleted(
+    registry: pathlib.Path, stack: Stack, fake_clock: clock.FakeClock
+) -> None:
+    cache, manager, changes = stack
+    async with fakedriver.FakeDriver(registry=registry) as drv:
+        await drv.set_health(device("pool", "gpu-0", "Unhealthy", timeout_seconds=10))
         info = await register(manager, drv)
         await drv.wait_for_streams(1)
         await eventually(lambda: changes.keys == {GPU0})
         changes.calls.clear()
         await deregister(manager, info)
-        assert changes.calls == [[GPU0]]
-        assert health(cache, GPU0, fake_clock.now()) == "Unknown"
+        await drv.stop()  # and it never comes back
+        assert changes.calls == []
+        assert health(cache, GPU0, fake_clock.now()) == "Unhealthy"
         assert manager.endpoints == {}
-        await eventually(lambda: drv.open_streams == 0)
+        fake_clock.advance(9.9)
+        await fake_clock.wait_for_sleepers(1)  # the deadline task, parked until the lease end
+        assert changes.calls == []
+        fake_clock.advance(0.2)
+        await eventually(lambda: changes.calls == [[GPU0]])
+        assert health(cache, GPU0, fake_clock.now()) == "Unknown"
+        assert (list(cache.records()), cache.drivers()) == ([], [])
+        assert manager.lease_expiries == 1
 
 
 async def test_reconnect_backoff_doubles_to_the_cap(
@@ -152,16 +195,20 @@ async def test_rolling_upgrade_old_endpoint_end_keeps_new_endpoint_devices(
     new = fakedriver.FakeDriver(registry=sockdir / "reg2", plugin_dir=sockdir / "new")
     gpu1 = models.DeviceKey("gpu.example.com", "pool", "gpu-1")
     async with old, new:
-        await old.set_health(device("pool", "gpu-0"), device("pool", "gpu-1"))
+        await old.set_health(device("pool", "gpu-0"), device("pool", "gpu-1", timeout_seconds=10))
         old_info = await register(manager, old)
         await eventually(lambda: changes.keys == {GPU0, gpu1})
         # The new pod starts and reports gpu-0 (now owned by it); gpu-1 only the old one had.
-        await new.set_health(device("pool", "gpu-0", "Unhealthy"))
+        await new.set_health(device("pool", "gpu-0", "Unhealthy", timeout_seconds=3600))
         await register(manager, new)
         await eventually(lambda: health(cache, GPU0, fake_clock.now()) == "Unhealthy")
         changes.calls.clear()
         await deregister(manager, old_info)
-        assert changes.calls == [[gpu1]]
+        assert changes.calls == []
+        assert health(cache, GPU0, fake_clock.now()) == "Unhealthy"
+        assert health(cache, gpu1, fake_clock.now()) == "Healthy"  # until its lease ends
+        fake_clock.advance(10.1)
+        await eventually(lambda: changes.calls == [[gpu1]])
         assert health(cache, GPU0, fake_clock.now()) == "Unhealthy"
         assert health(cache, gpu1, fake_clock.now()) == "Unknown"
 
@@ -176,8 +223,11 @@ async def test_lease_expires_at_the_deadline_without_another_report(
         await eventually(lambda: changes.keys == {GPU0})
         changes.calls.clear()
         await fake_clock.wait_for_sleepers(1)
+        parked = fake_clock.sleepers
         fake_clock.advance(9.9)
-        await asyncio.sleep(0.05)  # a window for an early expiry to show up
+        # An early deadline would have woken the deadline task: wait until it ran and
+        # is parked again before looking.
+        await fake_clock.wait_for_sleepers(parked)
         assert changes.calls == []
         fake_clock.advance(0.2)  # just past the deadline: the stream is still open and silent
         await eventually(lambda: changes.calls == [[GPU0]])

@@ -132,7 +132,11 @@ async def test_driver_restart_with_new_sockets_is_followed(
         FakeDriver(DRIVER, registry=sockdir / "reg") as driver,
         SidecarProcess(sockdir, api) as sidecar,
     ):
-        await driver.set_health(device("gpu-0"), device("gpu-1"))
+        # Short leases, renewed while the driver runs: its devices turn Unknown
+        # when the leases run out after it went away.
+        await driver.set_health(
+            device("gpu-0", timeout_seconds=1), device("gpu-1", timeout_seconds=1), resend=0.2
+        )
         await sidecar.until(lambda: health_of(api, "train-a", "gpu-0") == "Healthy")
         await driver.stop()
         assert not driver.registration_socket.exists()

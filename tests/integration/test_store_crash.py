@@ -1,7 +1,9 @@
 """Crash safety: SIGKILL a writer at random points; every reopen is a committed prefix.
 
 A child process replays a deterministic sequence of batches into the store
-(batch ``k`` writes a window of devices with ``driver_time = k``) and prints
+(batch ``k`` writes a window of devices with ``driver_time = k`` and message
+``k``: a change, persisted at once, where a bare renewal would wait for half
+its lease) and prints
 ``k`` after each commit. The parent kills it at random moments. After each
 kill the store must open, and its contents must equal the state after some
 batch ``k`` with ``acknowledged <= k <= acknowledged + 1`` (the one in flight
@@ -39,7 +41,7 @@ k = start
 while True:
     first = (k * 37) % 200
     reports = [
-        models.DeviceReport("pool", f"dev{(first + i) % 200}", HEALTHY, "", 0, k)
+        models.DeviceReport("pool", f"dev{(first + i) % 200}", HEALTHY, str(k), 0, k)
         for i in range(60)
     ]
     cache.update("drv", reports, now=1_000_000.0 + k, endpoint="e")

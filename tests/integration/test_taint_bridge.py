@@ -39,11 +39,39 @@ class Health:
         return models.DeviceHealth(self.health.get(key, H.UNKNOWN), "XID 79", 30.0, now)
 
 
+class ParkedClock(clock.SystemClock):
+    """The real clock, counting the tasks parked in its ``sleep`` and for how long."""
+
+    def __init__(self) -> None:
+        self.parked: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.parked.append(seconds)
+        try:
+            await super().sleep(seconds)
+        finally:
+            self.parked.remove(seconds)
+
+
 class Running:
     """A bridge task against ``api`` and the dict of healths it reads."""
 
-    def __init__(self, bridge: taintbridge.TaintBridge, health: Health) -> None:
-        self.bridge, self.health = bridge, health
+    def __init__(self, bridge: taintbridge.TaintBridge, health: Health, clock: ParkedClock) -> None:
+        self.bridge, self.health, self.clock = bridge, health, clock
+
+    async def parked_off(self) -> None:
+        """Until the bridge, turned off, sleeps its resync interval: all it does then."""
+        resync = settings.Settings(node_name=NODE).taint_resync_interval
+        await eventually(
+            lambda: self.bridge.state == "off" and resync in self.clock.parked,
+            what="the bridge parked in its off state",
+            timeout=WAIT,
+        )
+
+    async def rounds_after(self, count: int) -> None:
+        """Until ``count`` more reconcile rounds are done."""
+        start = self.bridge.rounds
+        await eventually(lambda: self.bridge.rounds >= start + count, timeout=WAIT)
 
     def set(self, key: models.DeviceKey, health: H) -> None:
         self.health.health[key] = health
@@ -53,6 +81,7 @@ class Running:
 @pytest.fixture
 async def bridge(api: FakeApiServer, tmp_path: pathlib.Path) -> AsyncIterator[Running]:
     health = Health()
+    parked = ParkedClock()
     client = api.api_client()
     made = taintbridge.TaintBridge(
         client=client,
@@ -66,12 +95,12 @@ async def bridge(api: FakeApiServer, tmp_path: pathlib.Path) -> AsyncIterator[Ru
             write_window=0.01,
             event_interval=0,
         ),
-        clock=clock.SystemClock(),
+        clock=parked,
         health=health.get,
         devices=lambda: list(health.health),
     )
     task = asyncio.create_task(made.run())
-    yield Running(made, health)
+    yield Running(made, health, parked)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     client.close()
@@ -143,7 +172,7 @@ async def test_no_version_served_turns_off(api: FakeApiServer, bridge: Running) 
     await eventually(lambda: bridge.bridge.state == "off", timeout=WAIT)
     assert "serves no devicetaintrules" in bridge.bridge.readiness()
     bridge.set(A, H.UNHEALTHY)
-    await asyncio.sleep(0.2)
+    await bridge.parked_off()
     assert api.count(None, "devicetaintrules") == 0
 
 
@@ -156,7 +185,7 @@ async def test_forbidden_turns_off_with_the_reason(api: FakeApiServer, bridge: R
     assert "deploy/clusterrole.yaml" in bridge.bridge.readiness()
     posts = api.count("POST", "devicetaintrules")
     bridge.set(B, H.UNHEALTHY)
-    await asyncio.sleep(0.2)
+    await bridge.parked_off()
     assert api.count("POST", "devicetaintrules") == posts == 1
     assert bridge.bridge.metric_state().writes[("create", "failed")] == 1
 
@@ -167,7 +196,9 @@ async def test_outage_creates_the_rule_once(api: FakeApiServer, bridge: Running)
     api.drop_connection("POST", "devicetaintrules", times=1)
     bridge.set(A, H.UNHEALTHY)
     await eventually(lambda: len(rules(api)) == 1, timeout=WAIT)
-    await asyncio.sleep(0.2)
+    for _ in range(2):  # two more rounds, each of which would repeat a wrong create
+        bridge.set(A, H.UNHEALTHY)
+        await bridge.rounds_after(1)
     assert len(rules(api)) == 1
     assert api.count("POST", "devicetaintrules", code=201) == 1
 

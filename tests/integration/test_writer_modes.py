@@ -35,24 +35,30 @@ def _seen_rv(t: h.Harness, uid: str) -> int:
     return int((pod.get("metadata") or {}).get("resourceVersion") or 0)
 
 
-async def test_auto_mode_yields_to_a_kubelet_that_rewrites_statuses() -> None:
+async def test_auto_mode_stops_the_field_when_a_kubelet_rewrites_statuses_without_it() -> None:
+    # A kubelet whose ResourceHealthStatus gate is off removes the field (issue 19): that is
+    # no kubelet writing it, and the field stops for the node (test_writer_coexist.py).
     async with h.running(container_status=AUTO) as t:
         await _healthy_pod(t)
         await h.settled(t)
         # Writes over ten kubelet rewrites: at most the first one is answered.
         assert await _kubelet_rewrites(t, 10) <= 1
-        assert t.writer.stats.kubelet_owned_pods == 1
+        assert t.writer.stats.kubelet_removes
+        assert t.writer.stats.kubelet_owned_pods == 0
         cond = t.condition("p1")
         assert cond is not None
         assert cond["status"] == "False"  # the condition is still ours
 
 
-async def test_on_mode_rewrites_after_each_kubelet_rewrite() -> None:
+async def test_on_mode_backs_off_after_a_kubelet_removes_the_field() -> None:
+    # Not one rewrite per kubelet rewrite any more: the first waits 10 s (REMOVAL_BACKOFF_FIRST).
     async with h.running(container_status=ON) as t:
         await _healthy_pod(t)
         await h.settled(t)
-        assert await _kubelet_rewrites(t, 3) == 3
-        assert t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"}
+        assert await _kubelet_rewrites(t, 3) == 0
+        assert t.writer.stats.field_removals == 1
+        assert t.healths("p1") == {}
+        assert (t.condition("p1") or {}).get("status") == "False"
 
 
 async def test_auto_mode_leaves_cdi_entries_of_a_health_aware_kubelet_alone() -> None:

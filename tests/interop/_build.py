@@ -174,6 +174,30 @@ TOOL_ARTIFACTS: dict[str, GoArtifact] = {
 }
 ARTIFACTS.update(TOOL_ARTIFACTS)
 
+#: The e2e tier's real kubelet, one module per line under ``tests/e2e/kubelet`` (written by
+#: its ``gomod.py``), and the in-memory fake container runtime it runs pods on.
+E2E_DIR = INTEROP_DIR.parent / "e2e"
+KUBELET_LINES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
+    # line: (module directory, version, extra go environment)
+    "1.35": ("v135", "v1.35.4", ()),
+    "1.37": ("v137", "v1.37.2", ()),
+    "1.38": ("v138", "v1.38.0-beta.0", (("GOTOOLCHAIN", "go1.27.3"),)),
+}
+E2E_ARTIFACTS: dict[str, GoArtifact] = {
+    f"kubelet-{line}": GoArtifact(
+        f"kubelet-{line}",
+        version,
+        f"kubelet/{module}",
+        "kubelet",
+        root=E2E_DIR,
+        ldflags=_k8s_ldflags(version),
+        env=env,
+    )
+    for line, (module, version, env) in KUBELET_LINES.items()
+}
+E2E_ARTIFACTS["fakecri"] = GoArtifact("fakecri", "v0.37.2", "fakecri", "fakecri", root=E2E_DIR)
+ARTIFACTS.update(E2E_ARTIFACTS)
+
 #: Names accepted for the two driver builds (helper release, Kubernetes minor, short name).
 DRIVER_ALIASES: dict[str, str] = {
     "current": "driver-current",

@@ -178,6 +178,12 @@ class DriverProcess:
         except OSError:
             return ""
 
+    def kill(self) -> int | None:
+        """SIGKILL the driver (its sockets stay behind, as after a crash)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        return self.stop()
+
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM the driver (SIGKILL after ``timeout``) and return its exit code."""
         proc = self._proc

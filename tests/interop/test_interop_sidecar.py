@@ -53,6 +53,7 @@ DRIVER = "gpu.interop.example.com"
 GATES_OFF = {"ResourceHealthStatus": False, "ResourceHealthStatusMessage": False}
 DriverFactory = Callable[..., DriverProcess]
 WRITES_OK = 'kubelet_dra_pod_writes_total{result="ok"}'
+REMOVES_LINE = "removes containerStatuses\\[\\]\\.allocatedResourcesStatus"
 
 
 @pytest.fixture(params=["real", "fake"])
@@ -160,8 +161,12 @@ def test_writes_pass_real_validation_and_merge(scenario: Scenario) -> None:
         }
     )
     with scenario.sidecar() as sidecar:
+        # Both claims written (under load the nic claim's GET can land after the first write).
         pod = sidecar.until(
-            scenario.pod_if(lambda p: "Unhealthy" in str(health_entries(p))), what="first write"
+            scenario.pod_if(
+                lambda p: "Unhealthy" in str(health_entries(p)) and "claim:nic" in health_entries(p)
+            ),
+            what="both claims written",
         )
         entries = health_entries(pod)
         assert sorted(entries) == ["claim:gpu/gpu", "claim:nic"]
@@ -263,7 +268,8 @@ def test_gate_off_detected_once(scenario: Scenario) -> None:
 
 def test_kubelet_rewrites_cause_no_write_war(scenario: Scenario) -> None:
     """A kubelet-like writer replaces containerStatuses whole (without our field) every
-    0.2 s; in auto mode we notice it and leave the field, so our writes stay bounded."""
+    0.2 s, as a kubelet with its ResourceHealthStatus gate off does; in auto mode we notice
+    that it removes the field, stop the field on the node and say so once (issue 19)."""
     scenario.create_workload()
     scenario.driver.control({"devices": [device("gpu-0", "UNHEALTHY"), device("gpu-1")]})
     with scenario.sidecar("--container-status", "auto") as sidecar:
@@ -285,7 +291,7 @@ def test_kubelet_rewrites_cause_no_write_war(scenario: Scenario) -> None:
         thread = threading.Thread(target=kubelet, daemon=True)
         thread.start()
         try:
-            sidecar.until(lambda: sidecar.grep("The kubelet writes device health"), what="owned")
+            sidecar.until(lambda: sidecar.grep(REMOVES_LINE), what="the removal noticed")
             writes_at_start = sidecar.metric(WRITES_OK)
             start_count = kubelet_writes[0]
             poll(lambda: kubelet_writes[0] >= start_count + 15, 20, "15 kubelet writes")
@@ -295,6 +301,20 @@ def test_kubelet_rewrites_cause_no_write_war(scenario: Scenario) -> None:
             thread.join(5)
         assert ours <= 1, f"{ours} writes of ours against {kubelet_writes[0]} kubelet writes"
         pod = scenario.pod()
-        assert health_entries(pod) == {}  # left to the kubelet
+        assert health_entries(pod) == {}  # the kubelet removes it; we stopped writing it
         assert condition(pod, "DeviceHealthy") is not None  # ours, kept by the merge
-        assert len(sidecar.grep("The kubelet writes device health")) == 1
+        assert len(sidecar.grep(REMOVES_LINE)) == 1
+        assert not sidecar.grep("The kubelet writes device health")  # not what happened
+        assert sidecar.metric("kubelet_dra_kubelet_removes_field") == 1
+        sidecar.until(lambda: removal_events(scenario), what="the Node event")
+        assert len(removal_events(scenario)) == 1
+
+
+def removal_events(scenario: Scenario) -> list[dict[str, Any]]:
+    """The sidecar's ``KubeletRemovesResourceHealth`` Events on the scenario's Node."""
+    return [
+        e
+        for e in scenario.cluster.events("default")
+        if e.get("reason") == "KubeletRemovesResourceHealth"
+        and e["involvedObject"].get("name") == scenario.node
+    ]

@@ -158,3 +158,56 @@ def test_devices_that_are_not_an_object_is_a_clear_error(tmp_path: pathlib.Path,
     code, _, err = run(capsys, "--kubelet-state", str(path))
     assert code == 1
     assert "Devices is not an object" in err
+
+
+# -- the kubelet's resourceIDs beside each device (issue 19) ---------------------------
+
+
+def _store_with(tmp_path: pathlib.Path, driver: str, *devices: str) -> pathlib.Path:
+    state = tmp_path / "state"
+    db = store.HealthStore.open(state)
+    reports = [models.DeviceReport("node-a", d, models.HealthStatus.HEALTHY) for d in devices]
+    healthinfo.HealthCache(sink=db).update(driver, reports, now=time.time())
+    db.close()
+    return state
+
+
+def test_the_kubelets_resource_id_is_shown_where_it_differs(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kubelet_dra import kubeletcheckpoint
+    from tests.unit import _kubelet_checkpoint_files as files
+
+    state = _store_with(tmp_path, files.TPU, "chip-0", "chip-9")
+    root = tmp_path / "kubelet"
+    root.mkdir()
+    (root / kubeletcheckpoint.FILE_NAME).write_bytes(files.file_of("1.37"))
+    code, out, _ = run(
+        capsys, "--state-dir", str(state), "--kubelet-root-dir", str(root), "--output", "json"
+    )
+    assert code == 0
+    rows = {row["device"]: row for row in json.loads(out)}
+    assert rows["chip-0"]["name"] == (
+        "tpu.google.com/node-a/chip-0 (as google.com/tpu=common, ours google.com/tpu=0)"
+    )
+    assert rows["chip-0"]["kubeletResourceID"] == "google.com/tpu=common"
+    assert rows["chip-0"]["resourceID"] == "google.com/tpu=0"
+    assert rows["chip-9"]["name"] == "tpu.google.com/node-a/chip-9"  # in no claim
+    code, out, _ = run(capsys, "--state-dir", str(state), "--kubelet-root-dir", str(root))
+    header, chip0, chip9, _footer = out.splitlines()
+    assert "RESOURCEID" in header.split()
+    assert "as google.com/tpu=common, ours google.com/tpu=0" in chip0
+    assert "as " not in chip9
+
+
+def test_an_unusable_kubelet_checkpoint_is_a_warning(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kubelet_dra import kubeletcheckpoint
+
+    state = _store_with(tmp_path, "drv", "d0")
+    (tmp_path / kubeletcheckpoint.FILE_NAME).write_text('{"Data": "{}", "Checksum": 1}')
+    code, out, err = run(capsys, "--state-dir", str(state), "--kubelet-root-dir", str(tmp_path))
+    assert code == 0
+    assert "warning: kubelet checkpoint not used: checksum" in err
+    assert out.splitlines()[-1] == "1 devices"

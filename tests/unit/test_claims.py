@@ -195,3 +195,67 @@ def test_snapshot_keeps_devices_after_the_claim_is_gone() -> None:
 def test_request_filter(request_names: tuple[str, ...], wanted: str, serves: bool) -> None:
     device = claims.PreparedDevice(DRV, "pool", "dev", request_names=request_names)
     assert device.serves(wanted) is serves
+
+
+# -- naming (issue 19) ---------------------------------------------------------------
+
+
+def _cdi(device: str, *cdi: str) -> claims.PreparedDevice:
+    return claims.PreparedDevice("tpu.google.com", "pool", device, cdi_ids=cdi)
+
+
+def test_own_resource_ids_leave_distinct_first_ids_as_the_kubelet_has_them() -> None:
+    devices = claims.own_resource_ids([_cdi("a", "x=a", "x=common"), _cdi("b", "x=b", "x=common")])
+    assert [(d.kubelet_id, d.resource_id) for d in devices] == [("x=a", "x=a"), ("x=b", "x=b")]
+
+
+def test_own_resource_ids_give_each_sharing_device_its_first_unshared_id() -> None:
+    devices = claims.own_resource_ids(
+        [
+            _cdi("c0", "x=common", "x=0"),  # x=0 is c1's too: driver/pool/device
+            _cdi("c1", "x=common", "x=0", "x=1"),  # x=0 is c0's too: the next one
+            _cdi("c2", "x=common"),  # nothing of its own: driver/pool/device
+            _cdi("d", "x=d"),
+            claims.PreparedDevice("tpu.google.com", "pool", "e"),
+        ]
+    )
+    assert [d.resource_id for d in devices] == [
+        "tpu.google.com/pool/c0",
+        "x=1",
+        "tpu.google.com/pool/c2",
+        "x=d",
+        "tpu.google.com/pool/e",
+    ]
+    assert [d.kubelet_id for d in devices][:3] == ["x=common"] * 3
+
+
+def test_the_index_names_devices_of_api_and_prepared_claims() -> None:
+    index = claims.ClaimIndex()
+    index.add_prepared_claim(
+        namespace="ns", name="c", devices=[_cdi("c0", "x=common", "x=0"), _cdi("c1", "x=common")]
+    )
+    key = models.DeviceKey("tpu.google.com", "pool", "c0")
+    assert index.resource_ids(key) == ("x=common", "x=0")
+    assert index.device_name(key) == "tpu.google.com/pool/c0 (as x=common, ours x=0)"
+    other = models.DeviceKey("tpu.google.com", "pool", "c1")
+    assert index.device_name(other) == (
+        "tpu.google.com/pool/c1 (as x=common, ours tpu.google.com/pool/c1)"
+    )
+    unknown = models.DeviceKey("d", "p", "x")
+    assert index.device_name(unknown) == "d/p/x"
+
+
+@pytest.mark.parametrize(
+    ("kubelet_id", "resource_id", "name"),
+    [
+        ("d/p/x", "", "d/p/x"),
+        ("d/p/x", "d/p/x", "d/p/x"),
+        ("vendor.com/gpu=gpu0", "", "d/p/x (as vendor.com/gpu=gpu0)"),
+        ("vendor.com/gpu=all", "d/p/x", "d/p/x (as vendor.com/gpu=all, ours d/p/x)"),
+        ("v.com/tpu=common", "v.com/tpu=1", "d/p/x (as v.com/tpu=common, ours v.com/tpu=1)"),
+    ],
+)
+def test_device_name_shows_the_kubelets_id_where_it_differs(
+    kubelet_id: str, resource_id: str, name: str
+) -> None:
+    assert claims.device_name(models.DeviceKey("d", "p", "x"), kubelet_id, resource_id) == name

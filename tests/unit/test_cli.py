@@ -46,6 +46,15 @@ CASES = [
         pathlib.Path("/flag/state"),
         pathlib.Path("/env/state"),
     ),
+    # Issue 19: the kubelet's DRA checkpoint (CDI device IDs); empty turns it off.
+    (
+        "--kubelet-root-dir",
+        "/srv/kubelet",
+        "",
+        "kubelet_root_dir",
+        pathlib.Path("/srv/kubelet"),
+        None,
+    ),
     ("--health-timeout", "7", "9.5", "health_timeout", 7.0, 9.5),
     (
         "--container-status",
@@ -87,6 +96,7 @@ DEFAULTS = {
     "kubeconfig": None,
     "plugins_registry": pathlib.Path("/var/lib/kubelet/plugins_registry"),
     "state_dir": pathlib.Path("/var/lib/kubelet-dra-health"),
+    "kubelet_root_dir": pathlib.Path("/var/lib/kubelet"),
     "health_timeout": 30.0,
     "container_status": settings.ContainerStatusMode.AUTO,
     "pod_condition_type": "DeviceHealthy",

@@ -38,6 +38,7 @@ FLAG_ENV: dict[str, str] = {
     "KUBECONFIG": "kubeconfig",
     "KUBELET_DRA_PLUGINS_REGISTRY": "plugins_registry",
     "KUBELET_DRA_STATE_DIR": "state_dir",
+    "KUBELET_DRA_KUBELET_ROOT_DIR": "kubelet_root_dir",
     "KUBELET_DRA_HEALTH_TIMEOUT": "health_timeout",
     "KUBELET_DRA_CONTAINER_STATUS": "container_status",
     "KUBELET_DRA_POD_CONDITION_TYPE": "pod_condition_type",
@@ -319,22 +320,27 @@ def test_host_paths(pod_spec: Obj, container: Obj, env: dict[str, Obj]) -> None:
         "/var/lib/kubelet/plugins_registry",
         "/var/lib/kubelet/plugins",
         "/var/lib/kubelet-dra-health",
+        "/var/lib/kubelet",
     }
     expect = {
-        "/var/lib/kubelet/plugins_registry": ("Directory", True),
-        "/var/lib/kubelet/plugins": ("Directory", True),
-        "/var/lib/kubelet-dra-health": ("DirectoryOrCreate", False),
+        "/var/lib/kubelet/plugins_registry": ("Directory", True, ""),
+        "/var/lib/kubelet/plugins": ("Directory", True, ""),
+        "/var/lib/kubelet-dra-health": ("DirectoryOrCreate", False, ""),
+        # The kubelet's DRA checkpoint: the directory (the kubelet renames a new file
+        # over the old), read-only, under /host so it shadows none of the paths above.
+        "/var/lib/kubelet": ("Directory", True, "/host/var/lib/kubelet"),
     }
-    for path, (kind, read_only) in expect.items():
+    for path, (kind, read_only, inside) in expect.items():
         volume = host[path]
         assert volume["hostPath"]["type"] == kind
-        # Same path inside: drivers advertise absolute socket paths.
-        mount = mounts[path]
+        # Same path inside (drivers advertise absolute socket paths), but the root dir.
+        mount = mounts[inside or path]
         assert mount["name"] == volume["name"]
         assert bool(mount.get("readOnly", False)) is read_only, path
         assert "subPath" not in mount
     assert env["KUBELET_DRA_PLUGINS_REGISTRY"]["value"] == "/var/lib/kubelet/plugins_registry"
     assert env["KUBELET_DRA_STATE_DIR"]["value"] == "/var/lib/kubelet-dra-health"
+    assert env["KUBELET_DRA_KUBELET_ROOT_DIR"]["value"] == "/host/var/lib/kubelet"
     # Every other volume is scratch space, never a host path.
     for volume in volumes.values():
         assert set(volume) - {"name"} <= {"hostPath", "emptyDir"}, volume["name"]

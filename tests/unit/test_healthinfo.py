@@ -263,32 +263,117 @@ def test_driver_reported_unknown_with_message_expires_to_plain_unknown(
     assert cache.get(key("a"), T0 + 6).message == ""
 
 
-# -- beyond the kubelet: per-endpoint ownership --------------------------------
+# -- beyond the kubelet: the lease outlives the stream ---------------------------
+# The kubelet's clearDriver deletes a driver's devices when any of its streams
+# ends (kubernetes #140818); here they keep their state until their lease runs
+# out, and go then. Each test fails on the old rule (delete the endpoint's
+# devices at the stream end and announce them).
 
 
-def test_end_of_one_endpoint_keeps_devices_another_endpoint_reports(
+def test_stream_end_changes_nothing_until_the_lease_runs_out(
+    cache: healthinfo.HealthCache,
+) -> None:
+    cache.update(DRV, [rep("a", H.UNHEALTHY, message="ECC")], now=T0, endpoint="e")
+    assert cache.end_endpoint(DRV, "e", T0 + 1) == []
+    assert cache.get(key("a"), T0 + 30).visible(T0 + 30) == (H.UNHEALTHY, "ECC")
+    assert cache.next_deadline() == T0 + 30
+    assert cache.expire(T0 + 30) == []
+    # The driver never came back: Unknown exactly at the deadline, announced
+    # then, and the record goes with it (nothing stays of a vanished driver).
+    assert cache.expire(T0 + 30.01) == [key("a")]
+    assert cache.get(key("a"), T0 + 30.01) == models.UNKNOWN_DEVICE
+    assert list(cache.records()) == []
+    assert cache.drivers() == []
+    assert cache.next_deadline() is None
+
+
+def test_driver_restarted_within_the_lease_changes_nothing(
+    cache: healthinfo.HealthCache,
+) -> None:
+    cache.update(DRV, [rep("a", H.UNHEALTHY, message="ECC")], now=T0, endpoint="e")
+    assert cache.end_endpoint(DRV, "e", T0 + 1) == []
+    # The restarted driver, on the same socket, says the same: no change.
+    assert cache.update(DRV, [rep("a", H.UNHEALTHY, message="ECC")], now=T0 + 4, endpoint="e") == []
+    assert cache.expire(T0 + 30.01) == []  # renewed at T0 + 4
+    assert cache.get(key("a"), T0 + 34).health is H.UNHEALTHY
+
+
+def test_driver_restarted_after_the_lease_is_unknown_at_the_deadline_then_back(
+    cache: healthinfo.HealthCache,
+) -> None:
+    cache.update(DRV, [rep("a", H.UNHEALTHY)], now=T0, endpoint="e")
+    cache.end_endpoint(DRV, "e", T0 + 1)
+    assert cache.expire(T0 + 30.01) == [key("a")]
+    assert cache.update(DRV, [rep("a", H.UNHEALTHY)], now=T0 + 45, endpoint="e") == [key("a")]
+    assert cache.get(key("a"), T0 + 45).health is H.UNHEALTHY
+
+
+def test_rolling_upgrade_new_endpoint_takes_over_the_rest_keep_their_lease(
     cache: healthinfo.HealthCache,
 ) -> None:
     cache.update(DRV, [rep("a", H.HEALTHY), rep("b", H.HEALTHY)], now=T0, endpoint="old")
     cache.update(DRV, [rep("a", H.HEALTHY)], now=T0 + 1, endpoint="new")
-    assert cache.end_endpoint(DRV, "old", T0 + 2) == [key("b")]
-    assert cache.get(key("a"), T0 + 2).health is H.HEALTHY
-    assert cache.get(key("b"), T0 + 2).health is H.UNKNOWN
+    assert cache.end_endpoint(DRV, "old", T0 + 2) == []
+    assert cache.get(key("b"), T0 + 2).health is H.HEALTHY
+    # b (only the old endpoint had it) runs out and goes; a belongs to "new".
+    assert cache.expire(T0 + 30.01) == [key("b")]
+    assert set(dict(cache.records())) == {key("a")}
+    # a's own lease runs out while "new" streams: Unknown, kept for the
+    # driver's next report to delete (the kubelet v1.37.2 rule).
+    assert cache.expire(T0 + 31.01) == [key("a")]
+    assert key("a") in dict(cache.records())
+    cache.update(DRV, [], now=T0 + 32, endpoint="new")
+    assert list(cache.records()) == []
 
 
-def test_end_endpoint_returns_nothing_when_devices_already_unknown(
-    cache: healthinfo.HealthCache,
-) -> None:
-    cache.update(DRV, [rep("a", H.HEALTHY)], now=T0, endpoint="e")
-    assert cache.end_endpoint(DRV, "e", T0 + 1) == [key("a")]
-    assert cache.end_endpoint(DRV, "e", T0 + 2) == []
-
-
-def test_end_endpoint_touches_only_its_driver(cache: healthinfo.HealthCache) -> None:
+def test_stream_end_touches_only_its_driver(cache: healthinfo.HealthCache) -> None:
     cache.update(DRV, [rep("a", H.HEALTHY)], now=T0, endpoint="e")
     cache.update("other", [rep("a", H.HEALTHY)], now=T0, endpoint="e")
-    assert cache.end_endpoint(DRV, "e", T0 + 1) == [key("a")]
-    assert cache.get(models.DeviceKey("other", "pool", "a"), T0 + 1).health is H.HEALTHY
+    assert cache.end_endpoint(DRV, "e", T0 + 1) == []
+    assert set(cache.expire(T0 + 31)) == {key("a"), models.DeviceKey("other", "pool", "a")}
+    # Only the ended driver's record is deleted; the other one's stream runs.
+    assert set(dict(cache.records())) == {models.DeviceKey("other", "pool", "a")}
+
+
+def test_driver_reported_unknown_of_an_ended_stream_goes_silently_at_its_lease(
+    cache: healthinfo.HealthCache,
+) -> None:
+    cache.update(DRV, [rep("u", H.UNKNOWN, timeout=5)], now=T0, endpoint="e")
+    cache.end_endpoint(DRV, "e", T0 + 1)
+    assert cache.expire(T0 + 6) == []  # it read Unknown already
+    assert list(cache.records()) == []
+
+
+def test_stream_end_deletes_the_endpoints_records_whose_lease_already_ran_out(
+    cache: healthinfo.HealthCache,
+) -> None:
+    cache.update(DRV, [rep("a", H.HEALTHY, timeout=5), rep("b", H.HEALTHY)], now=T0, endpoint="e")
+    assert cache.expire(T0 + 6) == [key("a")]  # the stream runs: a kept, Unknown
+    assert key("a") in dict(cache.records())
+    assert cache.end_endpoint(DRV, "e", T0 + 7) == []
+    assert set(dict(cache.records())) == {key("b")}
+
+
+def test_stream_end_announces_a_run_out_lease_the_timer_has_not_seen(
+    cache: healthinfo.HealthCache,
+) -> None:
+    cache.update(DRV, [rep("a", H.HEALTHY, timeout=5)], now=T0, endpoint="e")
+    assert cache.end_endpoint(DRV, "e", T0 + 6) == [key("a")]
+    assert list(cache.records()) == []
+
+
+def test_loaded_records_go_at_their_lease_unless_their_endpoint_reports(
+    cache: healthinfo.HealthCache,
+) -> None:
+    record = models.DeviceHealth(H.UNHEALTHY, "ECC", 30.0, T0, endpoint="e")
+    cache.load(
+        [(key("a"), record), (key("b"), record), (key("c"), record._replace(endpoint="gone"))]
+    )
+    cache.update(DRV, [rep("a", H.UNHEALTHY, message="ECC")], now=T0 + 5, endpoint="e")
+    assert set(cache.expire(T0 + 30.01)) == {key("b"), key("c")}
+    # b's endpoint streams again: kept (Unknown) for the driver's next report;
+    # c's never reported since the restart: gone.
+    assert set(dict(cache.records())) == {key("a"), key("b")}
 
 
 def test_invalid_default_lease_is_refused() -> None:
@@ -361,11 +446,18 @@ def test_overdue_records_count_towards_the_cap_until_deleted(
     assert len(cache) == 5
 
 
-def test_stream_end_frees_the_cap(cache: healthinfo.HealthCache) -> None:
+def test_records_of_an_ended_stream_count_towards_the_cap_until_their_lease_ends(
+    cache: healthinfo.HealthCache,
+) -> None:
+    # A deliberate difference: the kubelet's clearDriver frees the cap at the
+    # stream end; here the records it keeps are held until their leases end.
     cache.update(DRV, many(CAP), now=T0, endpoint="e")
     cache.end_endpoint(DRV, "e", T0 + 1)
-    assert len(cache.update(DRV, many(3, start=CAP), now=T0 + 2, endpoint="e2")) == 3
-    assert cache.refused[DRV] == 0
+    assert cache.update(DRV, many(3, start=CAP), now=T0 + 2, endpoint="e2") == []
+    assert cache.refused[DRV] == 3
+    assert len(cache.expire(T0 + 30.01)) == CAP  # announced and deleted
+    assert len(cache) == 0
+    assert len(cache.update(DRV, many(3, start=CAP), now=T0 + 31, endpoint="e2")) == 3
 
 
 # -- kubelet v1.37.2: stale entries are deleted --------------------------------
@@ -464,7 +556,7 @@ def test_deletion_is_persisted_across_a_store_reopen(tmp_path) -> None:
     reopened.close()
 
 
-def test_an_expired_record_loaded_at_restart_is_deleted_by_the_next_report(tmp_path) -> None:
+def test_an_expired_record_loaded_at_restart_is_deleted_at_start(tmp_path) -> None:
     from kubelet_dra import store
 
     db = store.HealthStore.open(tmp_path)
@@ -475,6 +567,8 @@ def test_an_expired_record_loaded_at_restart_is_deleted_by_the_next_report(tmp_p
     fresh = healthinfo.HealthCache(sink=reopened)
     fresh.load(reopened.load())
     assert set(fresh.expire(T0 + 100)) == {key("b")}  # what the sidecar does at start
+    # No stream of their endpoint ran since the restart: both go at once.
+    assert list(fresh.records()) == []
     assert fresh.update(DRV, [], now=T0 + 101) == []
     reopened.close()
     again = store.HealthStore.open(tmp_path)
@@ -482,16 +576,24 @@ def test_an_expired_record_loaded_at_restart_is_deleted_by_the_next_report(tmp_p
     again.close()
 
 
-def test_stream_end_deletes_the_records_in_memory_and_on_disk(tmp_path) -> None:
+def test_lease_end_after_a_stream_end_deletes_the_records_in_memory_and_on_disk(tmp_path) -> None:
     from kubelet_dra import store
 
     db = store.HealthStore.open(tmp_path)
     cache = healthinfo.HealthCache(sink=db)
-    cache.update(DRV, [rep("a", H.HEALTHY)], now=T0, endpoint="e")
-    db.flush()
-    assert cache.end_endpoint(DRV, "e", T0 + 1) == [key("a")]
-    assert list(cache.records()) == []
+    cache.update(DRV, [rep("a", H.UNHEALTHY)], now=T0, endpoint="e")
+    assert cache.end_endpoint(DRV, "e", T0 + 1) == []
     db.close()
+    # The stream end left the state file alone: a restarted sidecar loads the lease.
+    reopened = store.HealthStore.open(tmp_path)
+    rows = reopened.load()
+    assert [k for k, _ in rows] == [key("a")]
+    fresh = healthinfo.HealthCache(sink=reopened)
+    fresh.load(rows)
+    assert fresh.get(key("a"), T0 + 2).health is H.UNHEALTHY
+    assert fresh.expire(T0 + 31) == [key("a")]
+    assert list(fresh.records()) == []
+    reopened.close()
     again = store.HealthStore.open(tmp_path)
     assert again.load() == []
     again.close()

@@ -10,6 +10,17 @@ expiry) applies: a device whose lease ran out is announced as soon as anyone loo
 (here: the next report of any driver), including when a driver-reported ``Unknown``
 loses its message; a report that revives an expired device is announced; and the
 kubelet's own later announcement of a device we announced early is no extra.
+
+Stream ends are the second declared difference, ``lease-outlives-stream`` (docs/
+architecture.md): the kubelet's ``clearDriver`` deletes the driver at once and
+announces nothing; we keep each record until its lease runs out or a report renews
+it. From a stream end a device of that driver is *diverged* until both caches agree
+on it again (present on both sides with the same record, or on neither): meanwhile we
+may hold it when the kubelet does not, read its kept state where the kubelet reads
+``Unknown``, miss the kubelet's announcement of it reported again unchanged (new to
+the kubelet), and refuse a new device the kubelet accepts because the kept records
+still count towards the cap (that device is diverged too, until it agrees). Outside
+the diverged devices everything above holds exactly.
 """
 
 from __future__ import annotations
@@ -67,6 +78,13 @@ class KubeletModel:
                 del devices[key]
         return changed
 
+    def clear_driver(self, driver: str) -> None:
+        """``clearDriver`` at any stream exit (``HandleWatchResourcesStream``): no notice."""
+        self.drivers.pop(driver, None)
+
+    def entry(self, key: models.DeviceKey) -> Entry | None:
+        return self.drivers.get(key.driver, {}).get((key.pool, key.device))
+
     def read(self, key: models.DeviceKey, now: float) -> tuple[H, str]:
         entry = self.drivers.get(key.driver, {}).get((key.pool, key.device))
         if entry is None or now - entry.last > entry.timeout:
@@ -88,7 +106,7 @@ reports = st.builds(
 steps = st.lists(
     st.tuples(
         st.sampled_from(["a", "b"]),
-        st.lists(reports, max_size=8),
+        st.one_of(st.lists(reports, max_size=8), st.none()),  # None: the stream ends
         st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 6.0, 31.0]),
     ),
     min_size=1,
@@ -101,6 +119,19 @@ def small_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(healthinfo, "MAX_DEVICES_PER_DRIVER", CAP)
 
 
+def _agree(cache: healthinfo.HealthCache, model: KubeletModel, key: models.DeviceKey) -> bool:
+    ours = dict(cache.records()).get(key)
+    theirs = model.entry(key)
+    if ours is None or theirs is None:
+        return ours is None and theirs is None
+    return (ours.health, ours.message, ours.lease, ours.last_report) == (
+        theirs.health,
+        theirs.message,
+        theirs.timeout,
+        theirs.last,
+    )
+
+
 @settings(max_examples=300, deadline=None)
 @given(steps)
 def test_cache_matches_the_kubelet_model(sequence: list[Any]) -> None:
@@ -108,8 +139,19 @@ def test_cache_matches_the_kubelet_model(sequence: list[Any]) -> None:
     now = 1_000_000.0
     seen: set[models.DeviceKey] = set()
     early: set[models.DeviceKey] = set()  # announced by us, not yet by the kubelet
+    diverged: set[models.DeviceKey] = set()  # lease-outlives-stream (see the docstring)
+    orphans: dict[str, set[models.DeviceKey]] = {}  # kept at a stream end, not renewed since
     for driver, batch, gap in sequence:
         now += gap
+        if batch is None:
+            run_out = {k for k, r in cache.records() if k.driver == driver and r.expired(now)}
+            assert set(cache.end_endpoint(driver, driver, now)) <= run_out
+            model.clear_driver(driver)
+            orphans[driver] = {key for key, _ in cache.records() if key.driver == driver}
+            diverged |= orphans[driver]
+            diverged = {key for key in diverged if not _agree(cache, model, key)}
+            continue
+        orphans.pop(driver, None)  # its stream reports again: its records are its own
         # Leases that ran out by now, not announced yet: we announce them
         # whoever looks (here: a report of any driver); the kubelet later, or
         # never (a revival with the same health, a driver-reported Unknown).
@@ -123,12 +165,21 @@ def test_cache_matches_the_kubelet_model(sequence: list[Any]) -> None:
         revived = {
             key for key, record in cache.records() if record.expired(now) and key.driver == driver
         } & {models.DeviceKey(driver, r.pool, r.device) for r in batch}
+        held = {key for key, _ in cache.records() if key.driver == driver} & diverged
         ours = set(cache.update(driver, batch, now=now, endpoint=driver))
         theirs = model.update(driver, batch, now)
-        assert ours - theirs <= eager | revived  # our extras: the declared differences
-        assert theirs - ours <= early  # theirs come later than ours, never instead
+        if held:  # kept records count towards our cap: what we refused and the kubelet took
+            diverged |= model.keys() - set(dict(cache.records()))
+        assert ours - theirs <= eager | revived | diverged  # the declared differences
+        assert theirs - ours <= early | diverged  # theirs come later than ours, never instead
         early = (early | (ours & eager)) - theirs
-        assert set(dict(cache.records())) == model.keys()
+        diverged = {key for key in diverged if not _agree(cache, model, key)}
+        assert set(dict(cache.records())) ^ model.keys() <= diverged
+        # What a stream end kept goes when its lease runs out (here: at the next
+        # report of any driver, which expires leases first).
+        stored = dict(cache.records())
+        for key in set().union(*orphans.values()):
+            assert key not in stored or not stored[key].expired(now), key
         seen |= {models.DeviceKey(driver, r.pool, r.device) for r in batch}
-        for key in seen:
+        for key in seen - diverged:
             assert cache.get(key, now).visible(now) == model.read(key, now), key

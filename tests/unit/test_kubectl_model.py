@@ -43,6 +43,54 @@ def test_cdi_names_ending_with_a_device_name_resolve_only_when_unique() -> None:
     assert model.resolve("anything", "nvidia.com/gpu", []) is None
 
 
+def _tpu_pod(message: str) -> model.PodView:
+    pod = make_pod("p", claims=[PodClaim("tpu", "tpu-claim")])
+    pod["status"]["conditions"] = [
+        {
+            "type": "DeviceHealthy",
+            "status": "False",
+            "reason": "DeviceUnhealthy",
+            "message": message,
+        }
+    ]
+    return model.pod_view(pod, "DeviceHealthy")
+
+
+def test_our_condition_maps_cdi_ids_to_devices() -> None:
+    view = _tpu_pod(
+        "Unhealthy devices: tpu.google.com/node-a/chip-2 (as google.com/tpu=common, ours "
+        "google.com/tpu=2) (claim tpu): ICI link down; gpu.example.com/x/y/gpu-0 "
+        "(as vendor.com/gpu=gpu0) (claim tpu)"
+    )
+    chips = [model.Result("tpu.google.com", "node-a", f"chip-{i}", "") for i in range(4)]
+    # Our own ID for the chip, and a plain CDI ID (its pool has a slash).
+    assert model.resolve("google.com/tpu=2", "claim:tpu", chips, view) == (
+        "tpu.google.com", "node-a", "chip-2",
+    )  # fmt: skip
+    assert model.resolve("vendor.com/gpu=gpu0", "claim:tpu", [], view) == (D, "x/y", "gpu-0")
+    # The kubelet's one entry for four chips names no single device: no guess either.
+    one = chips[:1]
+    assert model.resolve("google.com/tpu=common", "claim:tpu", one, view) is None
+    assert view.shared == {"google.com/tpu=common"}
+    # Without our condition the guesses of before apply.
+    assert model.resolve("google.com/tpu=common", "claim:tpu", one) == one[0].device_id
+
+
+def test_a_kubelet_id_two_devices_claim_is_shared_and_odd_text_names_nothing() -> None:
+    view = _tpu_pod("Unhealthy devices: d/p/a (as v/x=all) (claim c); d/p/b (as v/x=all) (claim c)")
+    assert dict(view.named) == {}
+    assert view.shared == frozenset({"v/x=all"})
+    assert model.condition_names("All 4 devices are healthy") == ({}, frozenset())
+    assert model.condition_names("d/p (as x) junk (as y, ours z") == ({}, frozenset())
+
+
+def test_describe_says_why_a_shared_id_has_no_device() -> None:
+    view = _tpu_pod("Unhealthy devices: d/p/a (as v/x=all, ours d/p/a) (claim tpu)")
+    assert render._device_cell(None, "v/x=all", view) == "<shared by several devices>"
+    assert render._device_cell(None, "v/x=other", view) == "<unresolved>"
+    assert render._device_cell(("d", "p", "a"), "d/p/a", view) == "d/p/a"
+
+
 def test_pod_view_reads_containers_sidecars_condition_and_claim_names() -> None:
     pod = make_pod(
         "p",

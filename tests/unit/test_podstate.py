@@ -95,3 +95,115 @@ def test_failure_backoff_doubles_to_a_cap_with_jitter(seed: int) -> None:
         assert 0.8 * base <= podstate.failure_backoff(streak, rng) <= 1.2 * base
     again = [podstate.failure_backoff(3, random.Random(seed)) for _ in range(2)]
     assert again[0] == again[1]  # the injected rng decides the jitter
+
+
+def test_removal_backoff_doubles_from_ten_seconds_to_five_minutes() -> None:
+    waits = [podstate.removal_backoff(n) for n in range(1, 10)]
+    assert waits == [10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0, 300.0, 300.0]
+
+
+def test_a_deferred_rewrite_is_due_but_not_pending() -> None:
+    states = podstate.PodStates()
+    states.put(pod("a"))
+    states.defer("a", 110.0)
+    assert states.pending == 0 and states.next_due() == 110.0  # planned, no change waits
+    states.mark_dirty("a", 100.0, WINDOW)
+    assert states.pending == 1 and states.next_due() == 100.0  # a change: pending again
+    assert states.take_due(100.0) == ["a"] and states.pending == 0
+    states.defer("a", 120.0)
+    assert states.take_due(119.0) == [] and states.take_due(120.0) == ["a"]
+    assert states.next_due() is None
+
+
+# -- who else writes the field (issue 19) -----------------------------------------------
+
+MAIN = (claims.CONTAINERS, "main")
+OURS = {"name": "claim:gpu", "resources": [{"resourceID": "d/p/gpu-0", "health": "Healthy"}]}
+
+
+def _pod(rv: int, *entries: dict[str, Any], listed: bool = True) -> dict[str, Any]:
+    cs: dict[str, Any] = {"name": "main"}
+    if entries:
+        cs["allocatedResourcesStatus"] = list(entries)
+    statuses = [cs] if listed else []
+    return {"metadata": {"uid": "a", "resourceVersion": str(rv)},
+            "status": {"containerStatuses": statuses}}  # fmt: skip
+
+
+def _desired(entry: dict[str, Any] | None = OURS) -> Any:
+    from kubelet_dra import podstatus
+
+    return podstatus.Desired("a", {MAIN: {"claim:gpu": entry}}, None, ())
+
+
+def _written(answer: dict[str, Any]) -> podstate.Written:
+    rv = int(answer["metadata"]["resourceVersion"])
+    return podstate.Written(rv, podstate.managed_entries(answer, _desired()))
+
+
+V = podstate.Verdict
+OTHER = {"name": "claim:gpu", "resources": [{"resourceID": "d/p/gpu-0", "health": "Unknown"}]}
+CDI = {"name": "claim:gpu", "resources": [{"resourceID": "cdi.example/gpu=0", "health": "Healthy"}]}
+PLUGIN = {"name": "nvidia.com/gpu", "resources": [{"resourceID": "GPU-1", "health": "Healthy"}]}
+VERDICTS = [
+    ("untouched", _pod(5, OURS), _pod(6, OURS), V.NOBODY),
+    ("echo of our write", _pod(5, OURS), _pod(5), V.NOBODY),
+    ("older version", _pod(5, OURS), _pod(4), V.NOBODY),
+    ("ours changed", _pod(5, OURS), _pod(6, OTHER), V.KUBELET_WRITES),
+    ("its own ids", _pod(5, OURS), _pod(6, CDI), V.KUBELET_WRITES),
+    ("removed", _pod(5, OURS), _pod(6), V.KUBELET_REMOVES),
+    ("removed, plugin kept", _pod(5, OURS, PLUGIN), _pod(6, PLUGIN), V.KUBELET_REMOVES),
+    ("container not listed", _pod(5, OURS), _pod(6, listed=False), V.KUBELET_WRITES),
+    ("dropped by the server", _pod(5), _pod(6), V.NOBODY),
+    ("dropped, then written", _pod(5), _pod(6, CDI), V.KUBELET_WRITES),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("answer", "later", "verdict"), [v[1:] for v in VERDICTS], ids=[v[0] for v in VERDICTS]
+)
+def test_kubelet_verdict_tells_writing_from_removing(
+    answer: dict[str, Any], later: dict[str, Any], verdict: podstate.Verdict
+) -> None:
+    # ``answer`` is our write's answer (what the server kept), ``later`` a pod version after it.
+    assert podstate.kubelet_verdict(_written(answer), later, _desired()) is verdict
+
+
+def test_before_any_write_only_foreign_ids_tell_the_kubelet_writes() -> None:
+    assert podstate.kubelet_verdict(None, _pod(3, CDI), _desired()) is V.KUBELET_WRITES
+    assert podstate.kubelet_verdict(None, _pod(3, OTHER), _desired()) is V.NOBODY
+    assert podstate.kubelet_verdict(None, _pod(3), _desired()) is V.NOBODY
+
+
+def test_a_second_change_before_the_due_time_keeps_the_earlier_time() -> None:
+    states = podstate.PodStates()
+    state = states.put(pod("a"))
+    states.mark_dirty("a", 10.0, WINDOW)
+    states.mark_dirty("a", 10.2, WINDOW)  # alone it would be due at 10.2
+    assert state.due == 10.0
+
+
+def test_a_known_pod_is_found_by_uid_and_an_unknown_one_dropped_quietly() -> None:
+    states = podstate.PodStates()
+    state = states.put(pod("a"))
+    assert states.get("a") is state
+    assert states.get("b") is None
+    states.drop("b")  # never known: nothing to forget, no error
+    assert len(states) == 1
+
+
+def test_kubelet_owned_pods_are_counted_once_each() -> None:
+    states = podstate.PodStates()
+    a, b = states.put(pod("a")), states.put(pod("b"))
+    states.mark_kubelet_owned(a)
+    states.mark_kubelet_owned(b)
+    states.mark_kubelet_owned(a)
+    assert states.kubelet_owned == 2
+
+
+def test_the_oldest_record_goes_first_not_the_oldest_pod() -> None:
+    states = podstate.PodStates()
+    first, second = states.put(pod("first")), states.put(pod("second"))
+    states.set_record(second, record(1.0), limit=1)
+    states.set_record(first, record(2.0), limit=1)  # beyond the limit: second's record goes
+    assert first.record is not None and second.record is None

@@ -54,11 +54,46 @@ def test_first_cdi_device_id_is_the_resource_id() -> None:
     ]
 
 
-def test_duplicate_resource_ids_are_reported_once() -> None:
+def test_devices_sharing_a_first_cdi_id_are_each_shown() -> None:
+    # The kubelet would show one resource "same" for gpu-0 and gpu-1 (seenResourceIDs)
+    # and hide the other's health; each gets an ID of its own instead (issue 19).
     pod, index = _setup(_dev("gpu-0", "same"), _dev("gpu-1", "same"), _dev("gpu-2"))
+    table = {_key(f"gpu-{i}"): b.healthy() for i in range(3)}
+    table[_key("gpu-1")] = b.record(H.UNHEALTHY, "ECC")
+    entries = podstatus.container_entries(_update(pod, index, table), claims.CONTAINERS, "main")
+    # No unique CDI ID: <driver>/<pool>/<device>; sorted by resourceID (kubelet v1.38).
+    assert [(r["resourceID"], r["health"]) for r in entries[0]["resources"]] == [
+        (f"{DRV}/pool/gpu-0", "Healthy"),
+        (f"{DRV}/pool/gpu-1", "Unhealthy"),
+        (f"{DRV}/pool/gpu-2", "Healthy"),
+    ]
+
+
+def test_a_shared_first_cdi_id_gives_way_to_the_per_device_one() -> None:
+    # The Google TPU driver's answer: the claim-wide ID first, the chip's second.
+    chips = [_dev(f"chip-{i}", "google.com/tpu=common", f"google.com/tpu={i}") for i in range(4)]
+    pod, index = _setup(*chips)
+    table = {_key(f"chip-{i}"): b.healthy() for i in range(4)}
+    table[_key("chip-3")] = b.record(H.UNHEALTHY, "link down")
+    entries = podstatus.container_entries(_update(pod, index, table), claims.CONTAINERS, "main")
+    assert [(r["resourceID"], r["health"]) for r in entries[0]["resources"]] == [
+        ("google.com/tpu=0", "Healthy"),
+        ("google.com/tpu=1", "Healthy"),
+        ("google.com/tpu=2", "Healthy"),
+        ("google.com/tpu=3", "Unhealthy"),
+    ]
+
+
+def test_one_device_listed_twice_is_reported_once() -> None:
+    # The kubelet's dedup still applies where the IDs are the same device's:
+    # a shared device in one claim twice (two share IDs, the same CDI ID).
+    shared = [
+        claims.PreparedDevice(DRV, "pool", "gpu-0", cdi_ids=("gpu=0",), share_id=s)
+        for s in ("a", "b")
+    ]
+    pod, index = _setup(*shared)
     entries = podstatus.container_entries(_update(pod, index), claims.CONTAINERS, "main")
-    # Once each; sorted by resourceID (kubelet v1.38).
-    assert [r["resourceID"] for r in entries[0]["resources"]] == [f"{DRV}/pool/gpu-2", "same"]
+    assert [r["resourceID"] for r in entries[0]["resources"]] == [f"{DRV}/pool/gpu-0"]
 
 
 def test_containers_without_claims_and_device_plugin_entries_are_untouched() -> None:

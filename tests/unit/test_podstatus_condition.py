@@ -129,4 +129,74 @@ def test_long_condition_message_is_capped() -> None:
         pod, index=index, health_of=b.health_map(table), now=b.NOW, condition_type=TYPE
     )
     assert desired.condition is not None
-    assert len(desired.condition["message"].encode()) == podstatus.CONDITION_MESSAGE_MAX
+    message = desired.condition["message"]
+    assert len(message.encode()) <= podstatus.CONDITION_MESSAGE_MAX
+    # The first device whole, the second counted (issue 19), not both cut mid-text.
+    assert message.startswith(f"Unhealthy devices: {DRV}/pool/gpu-0 (claim gpu): {'x' * 900}")
+    assert message.endswith(" (and 1 more device: 1 Unhealthy)")
+
+
+def _many(health: dict[str, tuple[H, str]]) -> tuple[dict[str, Any], podstatus.Desired]:
+    pod = b.pod(
+        claims=[{"name": "gpu", "resourceClaimName": "gpu-claim"}],
+        containers=[b.container("main", ("gpu", ""))],
+        container_statuses=[{"name": "main"}],
+    )
+    index = claims.ClaimIndex()
+    index.set_pod(pod)
+    devices = [claims.PreparedDevice(DRV, "pool", d) for d in health]
+    index.add_prepared_claim(namespace="default", name="gpu-claim", devices=devices)
+    table = {_key(d): b.record(h, m) for d, (h, m) in health.items()}
+    desired = podstatus.desired_status(
+        pod, index=index, health_of=b.health_map(table), now=b.NOW, condition_type=TYPE
+    )
+    return pod, desired
+
+
+def test_false_condition_carries_every_non_healthy_device_with_health_and_message() -> None:
+    # Beside a kubelet that removes allocatedResourcesStatus, the condition is where the
+    # health stays: Unknown devices are named too, not only the Unhealthy ones.
+    _, desired = _many({
+        "gpu-0": (H.HEALTHY, "fine"), "gpu-1": (H.UNKNOWN, ""), "gpu-2": (H.UNHEALTHY, "XID 48"),
+        "gpu-3": (H.UNHEALTHY, ""),
+    })  # fmt: skip
+    assert desired.condition is not None
+    assert desired.condition["message"] == (
+        f"Unhealthy devices: {DRV}/pool/gpu-2 (claim gpu): XID 48; {DRV}/pool/gpu-3 (claim gpu)."
+        f" Health unknown for devices: {DRV}/pool/gpu-1 (claim gpu)"
+    )
+
+
+def test_past_the_cap_devices_are_left_out_last_first_and_counted_deterministically() -> None:
+    health = {f"gpu-{n:02}": (H.UNHEALTHY, f"fault {n} " + "y" * 40) for n in range(40)}
+    health |= {f"mig-{n:02}": (H.UNKNOWN, "") for n in range(10)}
+    _, desired = _many(health)
+    assert desired.condition is not None
+    message = desired.condition["message"]
+    assert len(message.encode()) <= podstatus.CONDITION_MESSAGE_MAX
+    listed = [d for d in health if f"/{d} (claim gpu)" in message]
+    left = len(health) - len(listed)
+    assert listed == list(health)[: len(listed)]  # Unhealthy first, in claim order
+    assert message.endswith(f" (and {left} more devices: {left - 10} Unhealthy, 10 Unknown)")
+    assert 5 < len(listed) < 40
+    # Each listed device whole, and the cap nearly used: no device would still have fitted.
+    assert len(message.encode()) > podstatus.CONDITION_MESSAGE_MAX - 60
+    assert _many(health)[1].condition == desired.condition  # the same devices, the same text
+
+
+def test_a_device_too_long_for_the_cap_on_its_own_is_cut() -> None:
+    _, desired = _many({"gpu-0": (H.UNHEALTHY, "é" * 512), "gpu-1": (H.UNKNOWN, "")})
+    assert desired.condition is not None
+    message = desired.condition["message"]
+    assert len(message.encode()) <= podstatus.CONDITION_MESSAGE_MAX
+    assert message.startswith(f"Unhealthy devices: {DRV}/pool/gpu-0 (claim gpu): éé")
+    assert message.endswith("... (and 1 more device: 1 Unknown)")
+
+
+def test_the_condition_and_events_name_devices_with_one_helper() -> None:
+    # Named by driver, pool and device, with the kubelet's resourceID beside it where it
+    # differs (claims.device_name); the condition and the Events both go through it.
+    state = podstatus.DeviceState(_key("gpu-7"), "cdi/gpu=7", "gpu", H.UNHEALTHY, "bad")
+    assert podstatus.device_name(state) == f"{DRV}/pool/gpu-7 (as cdi/gpu=7)"
+    plain = podstatus.DeviceState(_key("gpu-7"), f"{DRV}/pool/gpu-7", "gpu", H.UNHEALTHY, "")
+    assert podstatus.device_name(plain) == f"{DRV}/pool/gpu-7"

@@ -52,10 +52,14 @@ def test_restart_keeps_unexpired_lease_and_expires_the_rest(tmp_path: pathlib.Pa
     cache = healthinfo.HealthCache(sink=db)
     cache.update("drv", [models.DeviceReport("p", "short", H.HEALTHY, "", 500)], now=T0)
     cache.update("drv", [models.DeviceReport("p", "long", H.HEALTHY, "", 600)], now=T0)
-    # Renewals (no visible change) are persisted too: the lease restarts at T0+100.
+    # A renewal (no visible change) is persisted once the stored copy has half
+    # its lease left (healthinfo.PERSIST_FRACTION): not at T0+100, at T0+300.
     cache.update("drv", [models.DeviceReport("p", "long", H.HEALTHY, "", 600)], now=T0 + 100)
+    cache.update("drv", [models.DeviceReport("p", "long", H.HEALTHY, "", 600)], now=T0 + 300)
     db.close()
     db2, cache2 = reopen(tmp_path)
+    stored = {key.device: record.last_report for key, record in cache2.records()}
+    assert stored == {"short": T0, "long": T0 + 300}
     now = T0 + 650  # the process was down for a while
     assert cache2.get(models.DeviceKey("drv", "p", "long"), now).health is H.HEALTHY
     assert cache2.get(models.DeviceKey("drv", "p", "short"), now).health is H.UNKNOWN
@@ -138,9 +142,21 @@ def test_truncated_file_opens(tmp_path: pathlib.Path, fraction: float) -> None:
     state = tmp_path / "state"
     state.mkdir()
     (state / store.FILE_NAME).write_bytes(data[: int(len(data) * fraction)])
+    original = store.HealthStore.open(tmp_path / "src")
+    written = set(original.load())
+    original.close()
+    assert len(written) == 20
     db = store.HealthStore.open(state)  # never raises: either readable or moved aside
     records = db.load()
-    assert all(isinstance(k, models.DeviceKey) for k, _ in records)
+    aside = sorted(state.glob(f"{store.FILE_NAME}.corrupt-*"))
+    if db.moved_aside is not None:
+        assert aside == [db.moved_aside] and records == []
+    else:
+        # Nothing moved aside unsaid, and what a cut file still gives is a
+        # subset of what was written, each record intact.
+        assert aside == []
+        assert set(records) <= written, set(records) - written
+        assert len(set(records)) == len(records)
     fill(db, 1)
     db.close()
 

@@ -125,6 +125,7 @@ class Rig:
         self.overrides = overrides
         self.bridge: taintbridge.TaintBridge | None = None
         self.task: asyncio.Task[None] | None = None
+        self.resource_ids: Any = None  # the index's (kubelet's, our) resourceID lookup
 
     async def start(self, *, settle: bool = True, **overrides: Any) -> taintbridge.TaintBridge:
         values: dict[str, Any] = {
@@ -144,6 +145,7 @@ class Rig:
             clock=self.clock,
             health=self.health.get,
             devices=lambda: list(self.health.health),
+            resource_ids=self.resource_ids,
             api_factory=self.api.factory,  # type: ignore[arg-type]  # duck-typed TaintApi
             discover=self.api.discover,
         )
@@ -232,6 +234,25 @@ async def test_taint_after_then_untaint_after(rig: Rig) -> None:
     assert reasons == ["DeviceTainted", "DeviceUntainted"]
     assert bridge.metric_state().writes[("create", "ok")] == 1
     assert bridge.readiness() == "ok"
+
+
+async def test_rules_and_events_give_the_kubelets_resource_id_beside_the_device(
+    rig: Rig,
+) -> None:
+    ids = {A: ("vendor.com/gpu=a", "vendor.com/gpu=a")}
+    rig.resource_ids = lambda key: ids.get(key, (str(key), str(key)))
+    await rig.start(taint_after=0, untaint_after=0)
+    await rig.set(A, H.UNHEALTHY)
+    await wait(lambda: rig.api.events)
+    assert rig.api.events[0]["message"].startswith(
+        f"Device {A} (as vendor.com/gpu=a) is Unhealthy: "
+    )
+    await rig.set(B, H.UNHEALTHY)
+    rule_a, rule_b = rule_of(rig.api, A), rule_of(rig.api, B)
+    assert rule_a is not None and rule_b is not None
+    assert rule_a["metadata"]["annotations"][taints.DEVICE_ANNOTATION] == str(A)
+    assert rule_a["metadata"]["annotations"][taints.RESOURCE_ID_ANNOTATION] == "vendor.com/gpu=a"
+    assert taints.RESOURCE_ID_ANNOTATION not in rule_b["metadata"]["annotations"]
 
 
 async def test_thresholds_zero(rig: Rig) -> None:

@@ -324,3 +324,17 @@ def test_state_file_is_json(tmp_path: pathlib.Path) -> None:
         "format": 1,
         "devices": [{"device": list(KEY), "health": "Unknown", "since": T0}],
     }
+
+
+def test_updated_restores_our_labels_and_keeps_everyone_elses() -> None:
+    current = body()
+    current["metadata"]["labels"] = {"team": "infra", "kubelet-dra.io/node": "stale"}
+    new = taints.updated(current, body())
+    assert new["metadata"]["labels"] == {
+        "team": "infra",
+        "app.kubernetes.io/managed-by": "kubelet-dra-health",
+        "kubelet-dra.io/node": "node-a",
+    }
+    unlabelled = body()
+    del unlabelled["metadata"]["labels"]
+    assert taints.updated(unlabelled, body())["metadata"]["labels"] == body()["metadata"]["labels"]

@@ -99,10 +99,18 @@ def staging_modules(line: LineModule) -> list[str]:
     return sorted(set(_STAGING.findall(gomod)) - set(line.skip))
 
 
-def render_gomod(line: LineModule, staging: list[str]) -> str:
+def replace_block(line: LineModule, staging: list[str]) -> str:
+    """The ``replace`` lines pinning each staging module (and the line's extras)."""
     pins = [(mod, line.staging_version) for mod in staging] + list(line.extra)
-    replaces = "\n".join(f"\t{mod} => {mod} {version}" for mod, version in pins)
-    go = "1.27.0" if line.toolchain else "1.24.0"
+    return "\n".join(f"\t{mod} => {mod} {version}" for mod, version in pins)
+
+
+def go_directive(line: LineModule) -> str:
+    return "1.27.0" if line.toolchain else "1.24.0"
+
+
+def render_gomod(line: LineModule, staging: list[str]) -> str:
+    replaces, go = replace_block(line, staging), go_directive(line)
     return (
         f"// The kubelet twin for Kubernetes {line.version} (written by ../gomod.py).\n"
         f"module {MODULE_PREFIX}/{line.dir}\n\n"

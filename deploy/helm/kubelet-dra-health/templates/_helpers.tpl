@@ -59,3 +59,8 @@ app.kubernetes.io/name: {{ include "kdh.name" . }}
   value: {{ toString $value | quote }}
 {{- end }}
 {{- end }}
+
+{{/* Where the kubelet's root dir is mounted in the container ("" when not mounted). */}}
+{{- define "kdh.kubeletRootMount" -}}
+{{- if .Values.paths.kubeletRoot }}{{ printf "/host%s" .Values.paths.kubeletRoot }}{{ end -}}
+{{- end }}

@@ -1,0 +1,1 @@
+"""Mutation testing of the pure core with mutmut (``tox -e mutation``; docs/testing.md)."""

@@ -1,0 +1,169 @@
+"""The mutation score per module of the core, read from mutmut's results.
+
+``python -m tests.mutation.score --run`` runs mutmut over the modules named (all
+of :data:`MODULES` by default) and prints the table; without ``--run`` it only
+reads the results of the last run (``tox -e mutation`` is ``--run --fresh``).
+
+mutmut mutates whole files; :data:`SCOPE` narrows two of them to the functions
+the mutation run is about (the registration validation and the store's
+encoding), and :data:`EQUIVALENT` lists the surviving mutants judged equivalent
+(docs/testing.md gives each one's reason). The score of a module is
+(killed + timed out) / (mutants in scope - equivalent): a mutant that makes its
+tests run past the limit (an endless loop) is detected, as mutmut counts it.
+``--survivors`` lists the rest, ``--patterns`` the globs ``mutmut run`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+
+MODULES = {
+    "podstatus": "kubelet_dra/podstatus.py",
+    "healthinfo": "kubelet_dra/healthinfo.py",
+    "claims": "kubelet_dra/claims.py",
+    "kube/patchplan": "kubelet_dra/kube/patchplan.py",
+    "kube/podstate": "kubelet_dra/kube/podstate.py",
+    "taints": "kubelet_dra/taints.py",
+    "registration": "kubelet_dra/registration.py",
+    "store": "kubelet_dra/store.py",
+}
+
+# Functions in scope per module, as mutmut names them (``x_<name>`` for a function,
+# ``xǁ<Class>ǁ<method>`` for a method); ``*`` where the whole module is in scope.
+SCOPE: dict[str, tuple[str, ...]] = {
+    "registration": (
+        "x_validate_driver_name",
+        "x__go_lower",
+        "x_validate_endpoint",
+        "x__go_url_parse",
+        "x__go_parse",
+        "x__go_scheme",
+        "x__go_unescape",
+        "x__printable",
+    ),
+    "store": (
+        "x__upsert",
+        "xǁStoredDeviceǁto_record",
+        "x__record_of",
+        "x__value",
+        "x__value_text",
+        "x__parameters",
+        "xǁHealthStoreǁ_load_chunks",
+        "xǁHealthStoreǁ_validate_rows",
+    ),
+}
+
+# Surviving mutants judged equivalent (no test can tell them from the original):
+# mutant name -> reason. docs/testing.md repeats them.
+EQUIVALENT: dict[str, str] = {}
+
+KILLED = {1, 3}
+TIMEOUT = {-24, 24, 152, 255, 36}
+SURVIVED = {0}
+NO_TESTS = {5, 33}
+
+
+def module_of(path: str) -> str:
+    return path.removeprefix("kubelet_dra/").removesuffix(".py")
+
+
+def dotted(module: str) -> str:
+    return "kubelet_dra." + module.replace("/", ".")
+
+
+def patterns(modules: Iterable[str]) -> list[str]:
+    """The ``mutmut run`` arguments: every mutant in scope of ``modules``."""
+    out: list[str] = []
+    for module in modules:
+        for function in SCOPE.get(module, ("*",)):
+            out.append(f"{dotted(module)}.{function}__mutmut_*")
+    return out
+
+
+def run(root: pathlib.Path, modules: list[str], *, fresh: bool, children: int) -> int:
+    """``mutmut run`` over ``modules``, niced (the machine is shared)."""
+    if fresh:
+        shutil.rmtree(root / "mutants", ignore_errors=True)
+    command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
+    niced = ["nice", "-n", "15"] if shutil.which("nice") else []
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [*niced, *command, *patterns(modules)], check=False, cwd=root, env=env
+    ).returncode
+
+
+def in_scope(module: str, name: str) -> bool:
+    function = name.removeprefix(dotted(module) + ".").rsplit("__mutmut_", 1)[0]
+    return any(fnmatch.fnmatchcase(function, f) for f in SCOPE.get(module, ("*",)))
+
+
+def results(root: pathlib.Path, module: str) -> dict[str, int | None]:
+    meta = root / "mutants" / (MODULES[module] + ".meta")
+    codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
+    return {name: code for name, code in codes.items() if in_scope(module, name)}
+
+
+def table(root: pathlib.Path, modules: Iterable[str]) -> tuple[list[str], list[str]]:
+    lines = [
+        "| module | mutants | killed | timed out | survived | no tests | other | equivalent "
+        "| score |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    survivors: list[str] = []
+    for module in modules:
+        codes = results(root, module)
+        killed = sum(code in KILLED for code in codes.values())
+        timed_out = sum(code in TIMEOUT for code in codes.values())
+        detected = KILLED | TIMEOUT
+        equivalent = [n for n, c in codes.items() if c in SURVIVED and n in EQUIVALENT]
+        alive = [n for n, c in codes.items() if c not in detected and n not in EQUIVALENT]
+        survived = sum(c in SURVIVED for c in codes.values())
+        no_tests = sum(c in NO_TESTS for c in codes.values())
+        other = len(codes) - killed - timed_out - survived - no_tests
+        counted = len(codes) - len(equivalent)
+        score = f"{100 * (killed + timed_out) / counted:.1f} %" if counted else "-"
+        lines.append(
+            f"| {module} | {len(codes)} | {killed} | {timed_out} | {survived} | "
+            f"{no_tests} | {other} | {len(equivalent)} | {score} |"
+        )
+        survivors.extend(f"{n} ({codes[n]})" for n in sorted(alive))
+    return lines, survivors
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=pathlib.Path, default=pathlib.Path.cwd())
+    parser.add_argument("--survivors", action="store_true", help="list the mutants not killed")
+    parser.add_argument("--patterns", action="store_true", help="print the mutmut run globs")
+    parser.add_argument("--run", action="store_true", help="run mutmut first")
+    parser.add_argument("--fresh", action="store_true", help="with --run: drop earlier results")
+    parser.add_argument("--children", type=int, default=2, help="with --run: mutmut workers")
+    parser.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
+    args = parser.parse_args(argv)
+    if unknown := [m for m in args.modules if m not in MODULES]:
+        parser.error(f"unknown modules {unknown}; known: {', '.join(MODULES)}")
+    args.modules = args.modules or list(MODULES)
+    if args.patterns:
+        print(" ".join(patterns(args.modules)))
+        return 0
+    if args.run and (
+        code := run(args.root, args.modules, fresh=args.fresh, children=args.children)
+    ):
+        return code
+    lines, survivors = table(args.root, args.modules)
+    print("\n".join(lines))
+    if args.survivors:
+        print("\n".join(survivors))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
