@@ -309,7 +309,7 @@ def covers(diff: sc.Difference, obs: Observed) -> bool:
         return False
     if diff.blanket:
         return True  # only with sc.ALLOW_BLANKET, to measure the old declarations
-    if obs.subject not in diff.subject or obs.field not in diff.field:
+    if obs.subject not in diff.subjects or obs.field not in diff.field:
         return False
     return all(getattr(obs, side) == value for side, value in diff.fixed.items())
 
@@ -318,7 +318,7 @@ def in_scope(diff: sc.Difference, kind: str, at: str, subject: str, field: str) 
     """Whether a comparison lies in the declaration's scope (what it could mask)."""
     if kind not in diff.kinds or (diff.at and not any(sc.at_matches(a, at) for a in diff.at)):
         return False
-    return diff.blanket or (subject in diff.subject and field in diff.field)
+    return diff.blanket or (subject in diff.subjects and field in diff.field)
 
 
 class Tally:

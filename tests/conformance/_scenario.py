@@ -13,7 +13,9 @@ DRA manager (``pkg/kubelet/cm/dra/manager.go``) reads.
 
 from __future__ import annotations
 
+import functools
 import pathlib
+import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -430,6 +432,16 @@ class Difference(_Model):
     def _listed(cls, value: Any) -> Any:
         return (value,) if isinstance(value, str) else value
 
+    @pydantic.field_validator("subject", mode="after")
+    @classmethod
+    def _ranges(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(name for item in value for name in _expand_range(item))
+
+    @functools.cached_property
+    def subjects(self) -> frozenset[str]:
+        """``subject`` as a set (a range can name thousands of devices)."""
+        return frozenset(self.subject)
+
     @pydantic.field_validator("kinds")
     @classmethod
     def _kinds(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -464,7 +476,12 @@ class Difference(_Model):
         if self.at:
             parts.append("at " + ", ".join(self.at))
         if self.subject:
-            parts.append("on " + ", ".join(self.subject))
+            shown = (
+                self.subject
+                if len(self.subject) <= 6
+                else (*self.subject[:3], f"... ({len(self.subject)} subjects)", self.subject[-1])
+            )
+            parts.append("on " + ", ".join(shown))
         if self.field:
             parts.append("field " + ", ".join(self.field))
         parts += [f"{k} = {v!r}" for k, v in self.fixed.items()]
@@ -477,6 +494,21 @@ def at_matches(declared: str, at: str) -> bool:
     if at.startswith("sync "):
         at = at[len("sync ") :]
     return declared == at or at.startswith(declared + " (")
+
+
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+def _expand_range(item: str) -> list[str]:
+    """``dev-{16384..19999}``: one subject per number, both ends included (the devices
+    past the cap, named one by one without listing 3,616 of them)."""
+    match = _RANGE.search(item)
+    if match is None:
+        return [item]
+    low, high = int(match.group(1)), int(match.group(2))
+    if high < low or high - low > 100_000:
+        raise ValueError(f"bad range {match.group(0)!r} in {item!r}")
+    return [item[: match.start()] + str(n) + item[match.end() :] for n in range(low, high + 1)]
 
 
 def _expand_lines(value: Any) -> Any:

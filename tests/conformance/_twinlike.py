@@ -107,6 +107,11 @@ class ProcessTwin:
         if self._proc is None or self._stderr is None:
             return ""
         if self._proc.returncode is None:
+            # Its stdout closed first: a crashing Go program is still writing its
+            # goroutine dump to stderr. Wait for the exit, else the panic line is lost.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), 5)
+        if self._proc.returncode is None:
             return "(still running)"
         with contextlib.suppress(Exception):
             text = (await asyncio.wait_for(self._stderr, 5)).decode(errors="replace")
