@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+import pydantic
 import pytest
 
-from tests.conformance import _compare, _generate, _matrix
+from tests.conformance import _compare, _generate, _matrix, _runner
 from tests.conformance import _scenario as sc
 
 WRITTEN = sc.load_all()
@@ -307,3 +308,48 @@ def test_committed_matrix_is_the_one_the_scenarios_produce() -> None:
     assert committed == _matrix.render(WRITTEN), (
         "docs/conformance.md is stale: run python -m tests.conformance._suite --write-matrix"
     )
+
+
+def test_a_subject_range_names_each_device_and_nothing_else() -> None:
+    diff = sc.Difference(
+        feature="device-cap", kinds=("devices",), at=("s",),
+        subject=("d/pool/dev-{3..5}",), field=("health",), ours="Unknown", twin="Healthy",
+    )  # fmt: skip
+    assert diff.subject == ("d/pool/dev-3", "d/pool/dev-4", "d/pool/dev-5")
+    seen = _compare.Observed("devices", "sync s", "d/pool/dev-5", "Unknown", "Healthy", "health")
+    assert _compare.covers(diff, seen)
+    for other in ("d/pool/dev-6", "d/pool/dev-2", "d/pool/dev-"):
+        assert not _compare.covers(diff, dataclasses.replace(seen, subject=other))
+    with pytest.raises(pydantic.ValidationError, match="bad range"):
+        sc.Difference(
+            feature="device-cap", kinds=("devices",), at=("s",),
+            subject=("x-{5..3}",), field=("health",),
+        )  # fmt: skip
+
+
+def test_lease_outlives_stream_declarations_are_scoped_with_both_values() -> None:
+    by_name = {s.name: s for s in WRITTEN}
+    for name in _matrix.LEASE_OUTLIVES_STREAM:
+        for diff in by_name[name].differences:
+            if diff.feature == "lease-outlives-stream":
+                assert not diff.blanket and set(diff.fixed) == {"ours", "twin"}, diff.where()
+    kept = _compare.Observed(
+        "devices", "sync ended", "gpu.example.com/pool/dev-0", "Healthy", "Unknown", "health"
+    )
+    declared = _compare.declared_on(by_name["stream-eof"], "1.37")
+    assert any(_compare.covers(d, kept) for d in declared)
+    # Our side showing another value there (say, clearing the device at the stream end
+    # as the kubelet does not) is not what is declared, nor is the same at another point.
+    for other in (
+        dataclasses.replace(kept, ours="Unhealthy"),
+        dataclasses.replace(kept, at="sync healthy"),
+    ):
+        assert not any(_compare.covers(d, other) for d in declared)
+
+
+def test_a_1_36_kubelet_streams_only_from_a_driver_serving_v1alpha1() -> None:
+    health = ["v1.DRAPlugin", "v1.DRAResourceHealth"]
+    assert _runner.twin_streams("1.36", health, ("v1", "v1alpha1"))
+    assert not _runner.twin_streams("1.36", health, ("v1",))
+    assert not _runner.twin_streams("1.37", ["v1.DRAPlugin"], ("v1", "v1alpha1"))
+    assert _runner.twin_streams("1.37", health, ("v1",))
