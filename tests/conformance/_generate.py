@@ -182,6 +182,8 @@ class _Plan:
         default_factory=dict
     )
     """Sync point -> devices our kept lease and the kubelet's cleared cache read differently."""
+    split_at: dict[str, set[Key]] = dataclasses.field(default_factory=dict)
+    """Sync point -> devices whose last message was cut inside a character then."""
 
     def __post_init__(self) -> None:
         self.model = _Model(self.users)
@@ -195,6 +197,7 @@ class _Plan:
         ours, kubelet, causes = self.model.sync(self.now)
         if differ:
             self.differing[name] = differ
+            self.split_at[name] = set(self.split_messages)
         # One declaration per (cause, side): the pods only that side announced.
         grouped: dict[tuple[str, bool], list[str]] = {}
         for pod in sorted(ours ^ kubelet):
@@ -387,7 +390,7 @@ def scenario(seed: int, *, slow: bool = False) -> sc.Scenario:
     for at, keys in sorted(plan.visible_split.items()):
         differences += _split_declarations(at, keys, claims, pods)
     for at, reads in sorted(plan.differing.items()):
-        differences += _lease_declarations(at, reads, claims, pods)
+        differences += _lease_declarations(at, reads, claims, pods, plan.split_at[at])
     return sc.Scenario.model_validate(
         {
             "name": f"generated-{seed}",
@@ -428,6 +431,7 @@ def _lease_declarations(
     reads: dict[Key, tuple[tuple[str, str], tuple[str, str]]],
     claims: list[dict[str, Any]],
     pods: list[dict[str, Any]],
+    split: set[Key] = frozenset(),  # type: ignore[assignment]
 ) -> list[dict[str, Any]]:
     """``lease-outlives-stream`` at one sync point: each device field (health, message)
     our kept lease reads otherwise than the kubelet's cleared cache, in both caches and in
@@ -437,8 +441,8 @@ def _lease_declarations(
     listed = _listings(claims, pods)
     for key, (mine, theirs) in reads.items():
         for i, name in enumerate(("health", "message")):
-            if mine[i] == theirs[i]:
-                continue
+            if mine[i] == theirs[i] or (name == "message" and key in split):
+                continue  # a message cut inside a character: message-char-boundary's
             device = f"{key[0]}/pool/{key[1]}"
             groups.setdefault(("devices", name, mine[i], theirs[i]), set()).add(device)
             for k, subject, resource in listed:
