@@ -278,6 +278,7 @@ class DRAHealthManager:
             config=self.settings,
             clock=self.clock,
             limiter=budget,
+            kubelet_beside=lambda: self.checkpoint is not None and self.checkpoint.present,
         )
         self.pods = kube.NodePods(
             api=api, node_name=node, index=self.index, writer=self.writer, clock=self.clock
@@ -467,17 +468,3 @@ class DRAHealthManager:
         if self.writer.stats.kubelet_removes:
             notes["container_status"] = self.writer.kubelet.note()
         return notes
-
-
-def __getattr__(name: str) -> Any:
-    # Old import paths (``kubelet_dra.manager.Sidecar``) of the classes that
-    # moved to their own modules; imported lazily, since both import this one.
-    if name == "Sidecar":
-        from kubelet_dra.sidecar import Sidecar
-
-        return Sidecar
-    if name == "SyncRunner":
-        from kubelet_dra.syncrunner import SyncRunner
-
-        return SyncRunner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,8 +27,9 @@ Coalescing: ``mark_dirty`` puts pods in a set with the time each is due. The
 window is leading-edge per pod: a pod not written within the last ``window``
 is due at once; later changes wait until a window after its last write and
 coalesce meanwhile. Each round writes every due pod's *latest* desired status
-once, under a QPS/burst token bucket shared with every other request, so each
-pod gets at most one write per window whatever the storm. Status writes take
+once, under a QPS/burst token bucket shared with the taint bridge's writes
+(the manager's ``SharedBudget``; pod lists, watches and claim reads do not take
+its tokens), so each pod gets at most one write per window whatever the storm. Status writes take
 the bucket's tokens first; Events are flushed by a task of their own and take
 only spare tokens (``calls.TokenBucket``), so they never delay a status write.
 
@@ -92,7 +93,6 @@ HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
 TERMINAL = frozenset({"Succeeded", "Failed"})
 RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
 MAX_CONFLICTS = 5
-TokenBucket = calls.TokenBucket  # kube.writer.TokenBucket, as before the split
 
 
 @dataclasses.dataclass
@@ -127,13 +127,16 @@ class StatusWriter:
         health: HealthLookup,
         config: settings.Settings,
         clock: clock_mod.Clock,
-        limiter: TokenBucket | None = None,
+        limiter: calls.TokenBucket | None = None,
         events: kube_events.EventRecorder | None = None,
         concurrency: int | None = None,
         max_attempts: int = 5,
         rng: random.Random | None = None,
+        kubelet_beside: Callable[[], bool] | None = None,
     ) -> None:
         self.node = node_name
+        # Whether a kubelet runs on this node (the sidecar: its DRA checkpoint is there).
+        self._kubelet_beside = kubelet_beside or (lambda: False)
         self.stats = WriterStats()
         self.mode = config.container_status
         self._api, self._index, self._health, self._clock = api, index, health, clock
@@ -142,8 +145,11 @@ class StatusWriter:
             node=node_name, clock=clock, interval=config.event_interval
         )
         self._rng = rng or random.Random()
+        limiter = limiter or calls.TokenBucket(
+            qps=config.api_qps, burst=config.api_burst, clock=clock
+        )
         self._calls = calls.RetryingCaller(
-            limiter=limiter or TokenBucket(qps=config.api_qps, burst=config.api_burst, clock=clock),
+            limiter=limiter,
             clock=clock, counts=self.stats, max_attempts=max_attempts, rng=self._rng,
         )  # fmt: skip
         self._gates = gates.ServerGates(node=node_name, events=self._events)
@@ -469,7 +475,8 @@ class StatusWriter:
     ) -> bool:
         if self.mode is settings.ContainerStatusMode.OFF or self._gates.health_dropped:
             return False
-        verdict = podstate.kubelet_verdict(state.written, pod, desired)
+        beside = self._kubelet_beside()
+        verdict = podstate.kubelet_verdict(state.written, pod, desired, kubelet_beside=beside)
         if verdict is podstate.Verdict.KUBELET_REMOVES:
             self._kubelet_removed(state, pod)
         if self.mode is settings.ContainerStatusMode.ON:
@@ -482,7 +489,29 @@ class StatusWriter:
                 "The kubelet writes device health for pod %s; leaving that field to it",
                 podjson.name(pod),
             )
-        return not state.kubelet_owned
+        return not state.kubelet_owned and not (beside and self._held(state, pod, desired))
+
+    def _held(self, state: podstate.PodState, pod: Obj, desired: podstatus.Desired) -> bool:
+        """``auto`` beside a kubelet: the field waits ``kubelet_field_grace`` for its entries.
+
+        A kubelet with its gate on writes the field at its next status sync after
+        the device's health reaches it; racing it would cost a write it then
+        overwrites (e2e: once in three runs). So the first field write of a pod
+        waits; the condition does not. If the kubelet's entries appear meanwhile,
+        the pod is the kubelet's (``kubelet_verdict``); if not, we write, and a
+        kubelet whose gate is off shows itself by removing it. The wait starts
+        once a container of ours is listed: before, there is nothing to write.
+        """
+        grace = self._cfg.kubelet_field_grace
+        if state.written is not None or grace <= 0 or not _listed(pod, desired):
+            return False
+        now = self._clock.now()
+        if state.field_hold_until is None:
+            state.field_hold_until = now + grace
+        if now >= state.field_hold_until:
+            return False
+        self._pods.defer(state.uid, state.field_hold_until)
+        return True
 
     def _kubelet_removed(self, state: podstate.PodState, pod: Obj) -> None:
         # Counted once per removal: what we wrote is forgotten until we write again.
@@ -524,3 +553,12 @@ class StatusWriter:
 
 
 _rv = podjson.resource_version_number
+
+
+def _listed(pod: Obj, desired: podstatus.Desired) -> bool:
+    """Whether the pod's status lists a container we have entries for."""
+    status = podjson.status(pod)
+    return any(
+        podjson.find_named(podjson.items(status, field), container) is not None
+        for field, container in desired.containers
+    )
