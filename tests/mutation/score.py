@@ -10,7 +10,8 @@ encoding), and :data:`EQUIVALENT` lists the surviving mutants judged equivalent
 (docs/testing.md gives each one's reason). The score of a module is
 (killed + timed out) / (mutants in scope - equivalent): a mutant that makes its
 tests run past the limit (an endless loop) is detected, as mutmut counts it.
-``--survivors`` lists the rest, ``--patterns`` the globs ``mutmut run`` is given.
+``--survivors`` lists the rest, ``--patterns`` the globs ``mutmut run`` is given;
+``--run --rerun-survivors`` tries only the rest again (after tests were added).
 """
 
 from __future__ import annotations
@@ -88,16 +89,36 @@ def patterns(modules: Iterable[str]) -> list[str]:
     return out
 
 
-def run(root: pathlib.Path, modules: list[str], *, fresh: bool, children: int) -> int:
-    """``mutmut run`` over ``modules``, niced (the machine is shared)."""
+def alive(root: pathlib.Path, modules: Iterable[str]) -> list[str]:
+    """The mutants in scope of ``modules`` that the last run did not detect."""
+    detected = KILLED | TIMEOUT
+    return sorted(
+        name
+        for module in modules
+        for name, code in results(root, module).items()
+        if code not in detected and name not in EQUIVALENT
+    )
+
+
+def run(
+    root: pathlib.Path, modules: list[str], *, fresh: bool, children: int, survivors: bool
+) -> int:
+    """``mutmut run`` over ``modules``, niced (the machine is shared).
+
+    With ``survivors``, only the mutants the last run did not detect: a test added
+    since cannot revive a killed mutant, and mutmut keeps the other verdicts. The
+    names are then explicit, so mutmut's clean run before the mutants runs only the
+    tests that call their functions, not the whole selection (as globs make it).
+    """
     if fresh:
         shutil.rmtree(root / "mutants", ignore_errors=True)
+    names = alive(root, modules) if survivors else patterns(modules)
+    if not names:
+        return 0
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
     niced = ["nice", "-n", "15"] if shutil.which("nice") else []
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run(
-        [*niced, *command, *patterns(modules)], check=False, cwd=root, env=env
-    ).returncode
+    return subprocess.run([*niced, *command, *names], check=False, cwd=root, env=env).returncode
 
 
 def in_scope(module: str, name: str) -> bool:
@@ -145,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patterns", action="store_true", help="print the mutmut run globs")
     parser.add_argument("--run", action="store_true", help="run mutmut first")
     parser.add_argument("--fresh", action="store_true", help="with --run: drop earlier results")
+    parser.add_argument(
+        "--rerun-survivors",
+        action="store_true",
+        help="with --run: try again only the mutants the last run did not detect",
+    )
     parser.add_argument("--children", type=int, default=2, help="with --run: mutmut workers")
     parser.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
     args = parser.parse_args(argv)
@@ -154,8 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.patterns:
         print(" ".join(patterns(args.modules)))
         return 0
+    if args.rerun_survivors and args.fresh:
+        parser.error("--rerun-survivors needs the results of a run: not with --fresh")
     if args.run and (
-        code := run(args.root, args.modules, fresh=args.fresh, children=args.children)
+        code := run(
+            args.root,
+            args.modules,
+            fresh=args.fresh,
+            children=args.children,
+            survivors=args.rerun_survivors,
+        )
     ):
         return code
     lines, survivors = table(args.root, args.modules)
