@@ -10,6 +10,7 @@ Written against mutation testing's survivors (docs/testing.md).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import pytest
 
@@ -37,10 +38,12 @@ class Sink:
     def stage(self, key: models.DeviceKey, record: models.DeviceHealth) -> None:
         self.calls.append(("stage", (key, record)))
 
-    def stage_many(self, records) -> None:  # type: ignore[no-untyped-def]
+    def stage_many(
+        self, records: Iterable[tuple[healthinfo.StagedKey, models.DeviceHealth]]
+    ) -> None:
         self.calls.append(("stage_many", [(tuple(k), r) for k, r in records]))
 
-    def stage_delete(self, keys) -> None:  # type: ignore[no-untyped-def]
+    def stage_delete(self, keys: Iterable[models.DeviceKey]) -> None:
         self.calls.append(("stage_delete", sorted(keys)))
 
 

@@ -37,7 +37,7 @@ ODD_RECORDS = [
     models.DeviceHealth(H.HEALTHY, "m", math.inf, T0, 3, "/e"),
     models.DeviceHealth(H.HEALTHY, "m", 30.0, -math.inf, 3, "/e"),
     models.DeviceHealth(H.HEALTHY, "m", 30.0, math.inf, 3, "/e"),
-    models.DeviceHealth(H.HEALTHY, "m", 30.0, T0, True, "/e"),  # type: ignore[arg-type]
+    models.DeviceHealth(H.HEALTHY, "m", 30.0, T0, True, "/e"),
 ]
 
 
