@@ -64,7 +64,47 @@ SCOPE: dict[str, tuple[str, ...]] = {
 
 # Surviving mutants judged equivalent (no test can tell them from the original):
 # mutant name -> reason. docs/testing.md repeats them.
-EQUIVALENT: dict[str, str] = {}
+_CODEC = "Python's codec names are case-insensitive: 'UTF-8' is 'utf-8'"
+_SHORTER = (
+    "the path check refuses it anyway: with a host, query or fragment cut off, the "
+    "parsed path is a decoded part of the endpoint, so shorter than it, never equal"
+)
+_SQL_CASE = "SQLite's keywords, identifiers and function names are case-insensitive"
+EQUIVALENT: dict[str, str] = {
+    "kubelet_dra.registration.x__go_lower__mutmut_6": (
+        "lower-cases non-ASCII characters too: of all non-ASCII characters only the "
+        "Kelvin sign lower-cases to ASCII, and it is in _GO_LOWER_TO_ASCII; every other "
+        "stays non-ASCII and fails the subdomain pattern either way"
+    ),
+    "kubelet_dra.registration.x_validate_driver_name__mutmut_22": (
+        "`> 253` to `>= 253`: unreachable, a name that got past the 63-byte check has at "
+        "most 63 characters, and _go_lower maps one character to one"
+    ),
+    "kubelet_dra.registration.x_validate_endpoint__mutmut_28": _CODEC,
+    "kubelet_dra.registration.x__printable__mutmut_7": _CODEC,
+    "kubelet_dra.registration.x__printable__mutmut_11": _CODEC,
+    "kubelet_dra.registration.x_validate_endpoint__mutmut_42": (
+        "'unix:' to 'UNIX:': Go lower-cases the scheme, and the port keeps only whether "
+        "there is one"
+    ),
+    "kubelet_dra.registration.x_validate_endpoint__mutmut_47": _SHORTER,
+    "kubelet_dra.registration.x_validate_endpoint__mutmut_48": _SHORTER,
+    "kubelet_dra.store.x__upsert__mutmut_7": _SQL_CASE,
+    "kubelet_dra.store.x__upsert__mutmut_9": _SQL_CASE,
+    "kubelet_dra.store.x__upsert__mutmut_10": _SQL_CASE,
+    "kubelet_dra.store.x__value_text__mutmut_24": (
+        "ensure_ascii=False to None: json.dumps only tests its truth, and None is false"
+    ),
+    "kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_18": (
+        "`row[0] or ''` to `or 'XXXX'`: row[0] is NULL only for a chunk whose values are "
+        "all NULL; both texts fail validation alike, and load() reads row by row"
+    ),
+    **dict.fromkeys(
+        (f"kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}" for n in (21, 22, 23, 24)),
+        "the text of a ValueError that load() catches (it then reads row by row): "
+        "it is never logged or shown",
+    ),
+}
 
 KILLED = {1, 3}
 TIMEOUT = {-24, 24, 152, 255, 36}
