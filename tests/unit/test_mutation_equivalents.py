@@ -32,7 +32,7 @@ def _numbers(cell: str) -> set[str]:
 
 def documented() -> set[tuple[str, str]]:
     """(function, number) of every row of the docs' tables of surviving mutants."""
-    found = set()
+    found: set[tuple[str, str]] = set()
     for line in DOC.read_text().splitlines():
         cell = line.split("|")[1] if line.startswith("|") else ""
         for function, rest in re.findall(r"`([\w./]+)`([^`]*)", cell):
