@@ -100,6 +100,12 @@ EQUIVALENT: dict[str, str] = {
         "all NULL; both texts fail validation alike, and load() reads row by row"
     ),
     **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.xǁHealthCacheǁload__mutmut_{n}" for n in (11, 12, 15)),
+        "the check for a key already scheduled (dropped, or `<` made `<=`): the store yields "
+        "each key once and load() runs once, on an empty cache; loaded twice, the heap keeps "
+        "either the exact deadline or an earlier one, both what next_deadline() promises",
+    ),
+    **dict.fromkeys(
         (f"kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}" for n in (21, 22, 23, 24)),
         "the text of a ValueError that load() catches (it then reads row by row): "
         "it is never logged or shown",

@@ -221,3 +221,33 @@ def test_a_lease_running_out_after_the_stream_ended_stages_the_deletion() -> Non
     assert cache.expire(T0 + 21) == [key("b")]
     assert cache.drivers() == []  # the driver's last record went: the driver too
     assert len(cache) == 0
+
+
+# -- defaults and loading ------------------------------------------------------------
+
+
+def test_a_report_without_an_endpoint_stores_the_empty_endpoint() -> None:
+    cache = healthinfo.HealthCache()
+    cache.update_entries(DRV, {("pool", "a"): (H.HEALTHY, "", 0, 0)}, now=T0)
+    cache.update(DRV, [rep("b")], now=T0)
+    assert cache.get(key("a"), T0).endpoint == ""
+    assert cache.get(key("b"), T0).endpoint == ""
+    # and a stream end of the empty endpoint is that report's stream end
+    assert cache.end_endpoint(DRV, "", T0 + 31) == [key("a"), key("b")]
+    assert len(cache) == 0
+
+
+def test_after_a_load_the_next_deadline_is_the_earliest_loaded_lease_end() -> None:
+    cache = healthinfo.HealthCache()
+    cache.load(
+        [
+            (key("late"), models.DeviceHealth(H.HEALTHY, "", 30.0, T0)),
+            (key("early"), models.DeviceHealth(H.UNHEALTHY, "x", 10.0, T0 + 5)),
+        ]
+    )
+    assert cache.next_deadline() == T0 + 15
+    assert cache.expire(T0 + 15) == []  # strictly after the deadline
+    # it read Unhealthy: announced as Unknown, and deleted (no stream of its endpoint runs)
+    assert cache.expire(T0 + 15.5) == [key("early")]
+    assert [k for k, _ in cache.records()] == [key("late")]
+    assert cache.next_deadline() == T0 + 30
