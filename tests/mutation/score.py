@@ -106,6 +106,20 @@ EQUIVALENT: dict[str, str] = {
         "either the exact deadline or an earlier one, both what next_deadline() promises",
     ),
     **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_delete_where__mutmut_{n}" for n in (19, 20)),
+        "a deleted device left in its driver's overdue set: the set is consumed whole at "
+        "the driver's next report, where the device is absent or re-created by that very "
+        "report, which carries it, so it is skipped either way",
+    ),
+    "kubelet_dra.healthinfo.xǁHealthCacheǁ_delete_where__mutmut_24": (
+        "a deleted device's persist time kept: memory only; reported again it is new, "
+        "persisted at once, and the entry overwritten"
+    ),
+    **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_set__mutmut_{n}" for n in (3, 5)),
+        "the default of setdefault: _set replaces an expired record, so its driver is there",
+    ),
+    **dict.fromkeys(
         (f"kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}" for n in (21, 22, 23, 24)),
         "the text of a ValueError that load() catches (it then reads row by row): "
         "it is never logged or shown",
