@@ -120,6 +120,15 @@ EQUIVALENT: dict[str, str] = {
         "the default of setdefault: _set replaces an expired record, so its driver is there",
     ),
     **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.x_truncate_message__mutmut_{n}" for n in (4, 9, 13)),
+        _CODEC + " (and decode's default codec is UTF-8)",
+    ),
+    **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_schedule__mutmut_{n}" for n in (1, 2, 5)),
+        "its own check dropped or made `<=`: its one caller (_apply) calls it only when "
+        "the device has no heap entry or the new deadline is earlier, so the check passes",
+    ),
+    **dict.fromkeys(
         (f"kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}" for n in (21, 22, 23, 24)),
         "the text of a ValueError that load() catches (it then reads row by row): "
         "it is never logged or shown",

@@ -251,3 +251,17 @@ def test_after_a_load_the_next_deadline_is_the_earliest_loaded_lease_end() -> No
     assert cache.expire(T0 + 15.5) == [key("early")]
     assert [k for k, _ in cache.records()] == [key("late")]
     assert cache.next_deadline() == T0 + 30
+
+
+def test_a_device_reported_unknown_after_its_lease_ran_out_is_renewed_and_persisted() -> None:
+    # The Unknown record staged at the deadline counts as persisted at its receive time
+    # (T0): the plain renewal 32 s later is past half the lease, so it is persisted.
+    sink = Sink()
+    cache = healthinfo.HealthCache(sink=sink)
+    cache.update(DRV, [rep("a", message="ok")], now=T0, endpoint="/e")
+    assert cache.expire(T0 + 31) == [key("a")]
+    sink.calls.clear()
+    assert cache.update(DRV, [rep("a", H.UNKNOWN)], now=T0 + 32, endpoint="/e") == []
+    renewed = models.DeviceHealth(H.UNKNOWN, "", 30.0, T0 + 32, 0, "/e")
+    assert sink.calls == [("stage_many", [((DRV, "pool", "a"), renewed)])]
+    assert cache.get(key("a"), T0 + 32) == renewed
