@@ -128,6 +128,10 @@ EQUIVALENT: dict[str, str] = {
         "its own check dropped or made `<=`: its one caller (_apply) calls it only when "
         "the device has no heap entry or the new deadline is earlier, so the check passes",
     ),
+    "kubelet_dra.healthinfo.xǁHealthCacheǁ_apply__mutmut_8": (
+        "the persist times read without a sink too: without a sink nothing staged is "
+        "handed over, so the persist decision they feed changes nothing"
+    ),
     **dict.fromkeys(
         (f"kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}" for n in (21, 22, 23, 24)),
         "the text of a ValueError that load() catches (it then reads row by row): "

@@ -265,3 +265,20 @@ def test_a_device_reported_unknown_after_its_lease_ran_out_is_renewed_and_persis
     renewed = models.DeviceHealth(H.UNKNOWN, "", 30.0, T0 + 32, 0, "/e")
     assert sink.calls == [("stage_many", [((DRV, "pool", "a"), renewed)])]
     assert cache.get(key("a"), T0 + 32) == renewed
+
+
+def test_a_report_at_exactly_the_lease_end_renews_without_a_change() -> None:
+    # The kubelet's expiry is strictly after the timeout (now - LastUpdated > timeout):
+    # at exactly 30 s the record is still valid, so the same report changes nothing.
+    cache = healthinfo.HealthCache()
+    cache.update(DRV, [rep("a", message="ok")], now=T0)
+    assert cache.update(DRV, [rep("a", message="ok")], now=T0 + 30) == []
+    assert cache.get(key("a"), T0 + 60).health is H.HEALTHY  # renewed at T0 + 30
+
+
+def test_a_device_revived_after_it_was_expired_is_announced() -> None:
+    cache = healthinfo.HealthCache()
+    cache.update(DRV, [rep("a", message="ok")], now=T0)
+    assert cache.expire(T0 + 31) == [key("a")]
+    assert cache.update(DRV, [rep("a", message="ok")], now=T0 + 32) == [key("a")]
+    assert cache.update(DRV, [rep("a", message="ok")], now=T0 + 33) == []
