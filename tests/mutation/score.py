@@ -133,6 +133,11 @@ EQUIVALENT: dict[str, str] = {
         "handed over, so the persist decision they feed changes nothing"
     ),
     **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_apply__mutmut_{n}" for n in (69, 70, 73, 74)),
+        "its check before _schedule() dropped or widened: _schedule() makes the same check "
+        "(an entry only for a first or an earlier deadline), so only a call is added",
+    ),
+    **dict.fromkeys(
         (f"kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}" for n in (21, 22, 23, 24)),
         "the text of a ValueError that load() catches (it then reads row by row): "
         "it is never logged or shown",

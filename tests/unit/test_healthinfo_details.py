@@ -282,3 +282,7 @@ def test_a_device_revived_after_it_was_expired_is_announced() -> None:
     assert cache.expire(T0 + 31) == [key("a")]
     assert cache.update(DRV, [rep("a", message="ok")], now=T0 + 32) == [key("a")]
     assert cache.update(DRV, [rep("a", message="ok")], now=T0 + 33) == []
+    # Healthy without a message is a change from Unknown too
+    assert cache.update(DRV, [rep("b")], now=T0 + 33) == [key("b")]
+    assert cache.expire(T0 + 64) == [key("a"), key("b")]
+    assert cache.update(DRV, [rep("b")], now=T0 + 65) == [key("b")]
