@@ -19,7 +19,9 @@ on it again (present on both sides with the same record, or on neither): meanwhi
 may hold it when the kubelet does not, read its kept state where the kubelet reads
 ``Unknown``, miss the kubelet's announcement of it reported again unchanged (new to
 the kubelet), and refuse a new device the kubelet accepts because the kept records
-still count towards the cap (that device is diverged too, until it agrees). Outside
+still count towards the cap (that device is diverged too, until it agrees), or the other
+way round: a record the kubelet holds and we do not (we refused it against kept records
+that then ran out) counts towards its cap, so it refuses a device we accept. Outside
 the diverged devices everything above holds exactly.
 """
 
@@ -166,10 +168,13 @@ def test_cache_matches_the_kubelet_model(sequence: list[Any]) -> None:
             key for key, record in cache.records() if record.expired(now) and key.driver == driver
         } & {models.DeviceKey(driver, r.pool, r.device) for r in batch}
         held = {key for key, _ in cache.records() if key.driver == driver} & diverged
+        theirs_held = {key for key in model.keys() if key.driver == driver} & diverged
         ours = set(cache.update(driver, batch, now=now, endpoint=driver))
         theirs = model.update(driver, batch, now)
         if held:  # kept records count towards our cap: what we refused and the kubelet took
             diverged |= model.keys() - set(dict(cache.records()))
+        if theirs_held:  # and the other way: what the kubelet refused and we took
+            diverged |= {key for key, _ in cache.records() if key.driver == driver} - model.keys()
         assert ours - theirs <= eager | revived | diverged  # the declared differences
         assert theirs - ours <= early | diverged  # theirs come later than ours, never instead
         early = (early | (ours & eager)) - theirs
