@@ -112,13 +112,13 @@ def test_a_kubelet_health_state_with_a_bad_timeout_is_refused_clearly(
     # OverflowError instead of the command's StoreError. Go's decoder refuses
     # the whole file for a timeout that is not an int64 (time.Duration).
     path = tmp_path / "dra_health_state"
-    path.write_text('{"d": {"Devices": {"p/d": {"HealthCheckTimeout": %s}}}}' % timeout)
+    path.write_text(f'{{"d": {{"Devices": {{"p/d": {{"HealthCheckTimeout": {timeout}}}}}}}}}')
     with pytest.raises(errors.StoreError, match="HealthCheckTimeout"):
         cache.read_kubelet_state(path, default_lease=30.0)
 
 
 def test_a_kubelet_health_state_timeout_in_range_is_read(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "dra_health_state"
-    path.write_text('{"d": {"Devices": {"p/d": {"HealthCheckTimeout": %d}}}}' % (2**63 - 1))
+    path.write_text(f'{{"d": {{"Devices": {{"p/d": {{"HealthCheckTimeout": {2**63 - 1}}}}}}}}}')
     [(_, record)] = cache.read_kubelet_state(path, default_lease=30.0)
     assert record.lease == (2**63 - 1) / 1e9
