@@ -123,6 +123,8 @@ def _get(doc: JSON, path: Any, op: str) -> JSON:
 
 def _remove(doc: JSON, path: Any, op: str) -> JSON:
     parts = _pointer(path)
+    if not parts:  # the root has no parent to remove it from (evanphx: missing path)
+        raise _missing(op, path)
     parent = _parent(doc, parts, op, path)
     value = _child(parent, parts[-1])
     if value is _MISSING:

@@ -52,7 +52,9 @@ def _run_once(
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, _, usage = os.wait4(proc.pid, 0)
+        _, status, usage = os.wait4(proc.pid, 0)
+        if status:
+            out.write(f"\nfuzz runner: {target} exited with status {status}\n".encode())
     return log.read_bytes(), usage.ru_utime + usage.ru_stime
 
 
@@ -75,8 +77,10 @@ def run(target: str, minutes: float, work: pathlib.Path, restarts: int) -> Resul
             execs, cov, ft, corp = map(int, stats[-1])
             result.execs += execs
             result.cov, result.ft, result.corpus = max(result.cov, cov), max(result.ft, ft), corp
-        crashed = re.findall(rb"Test unit written to (\S+)", part)
-        result.crashes += [c.decode() for c in crashed]
+        crashed = [c.decode() for c in re.findall(rb"Test unit written to (\S+)", part)]
+        if not crashed and b"fuzz runner: " in part:
+            crashed = [f"(no input kept; see {log})"]
+        result.crashes += crashed
         if not crashed:
             break
     result.wall = time.monotonic() - start

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import logging
 import pathlib
 import sys
@@ -99,5 +100,24 @@ def main(test_one: Callable[[bytes], None], module_file: str) -> None:
         str(work / "corpus"),
         str(corpus_dir(target)),
     ]
-    atheris.Setup(argv, test_one)
+    atheris.Setup(argv, _keeping_crashes(test_one, work))
     atheris.Fuzz()
+
+
+def _keeping_crashes(
+    test_one: Callable[[bytes], None], work: pathlib.Path
+) -> Callable[[bytes], None]:
+    # The atheris 3.0 wheel finds none of libFuzzer's crash hooks here
+    # ("Failed to find function __sanitizer_acquire_crash_state"), so an
+    # uncaught exception ends the run without libFuzzer writing the input:
+    # write it ourselves, in libFuzzer's words so the runner finds it.
+    def run(data: bytes) -> None:
+        try:
+            test_one(data)
+        except BaseException:
+            crash = work / f"crash-{hashlib.sha1(data).hexdigest()}"
+            crash.write_bytes(data)
+            print(f"Test unit written to {crash}", file=sys.stderr, flush=True)
+            raise
+
+    return run

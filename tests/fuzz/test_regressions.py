@@ -122,3 +122,16 @@ def test_a_kubelet_health_state_timeout_in_range_is_read(tmp_path: pathlib.Path)
     path.write_text(f'{{"d": {{"Devices": {{"p/d": {{"HealthCheckTimeout": {2**63 - 1}}}}}}}}}')
     [(_, record)] = cache.read_kubelet_state(path, default_lease=30.0)
     assert record.lease == (2**63 - 1) / 1e9
+
+
+@pytest.mark.parametrize("op", ["move", "remove"])
+def test_a_json_patch_that_removes_the_root_is_a_422(op: str) -> None:
+    # fuzz_patch: {"op": "move", "from": ""} (and "remove" of "") took the
+    # last token of an empty pointer: IndexError, a 500 from the fake API
+    # server. evanphx/json-patch finds no parent for the root: 422.
+    from kubelet_dra.testing import _fakeapi_patch as patching
+
+    operation = {"op": op, "from": "", "path": "/a"} if op == "move" else {"op": op, "path": ""}
+    with pytest.raises(patching.PatchError) as refused:
+        patching.json_patch({"a": 1}, [operation])
+    assert refused.value.code == 422
