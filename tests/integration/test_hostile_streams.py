@@ -1,4 +1,4 @@
-"""A health stream that trickles one byte a second (issue 22), beside a driver that streams normally.
+"""A health stream that trickles one byte a second (issue 22), beside one that streams normally.
 
 The slow driver's DRA endpoint is a real unix-socket proxy (``_trickle``)
 that passes the driver's answers one byte a second, from the first byte of
