@@ -135,3 +135,20 @@ def test_a_json_patch_that_removes_the_root_is_a_422(op: str) -> None:
     with pytest.raises(patching.PatchError) as refused:
         patching.json_patch({"a": 1}, [operation])
     assert refused.value.code == 422
+
+
+def test_a_strategic_merge_of_a_primitive_list_shares_nothing_with_its_inputs() -> None:
+    # fuzz_patch: metadata.finalizers (patchStrategy=merge) was merged as
+    # list(original) + the patch's new items, so the stored object kept the
+    # patch's and the old object's items themselves: a later change of one
+    # changed the other.
+    from kubelet_dra.testing import _fakeapi_patch as patching
+
+    old = {"metadata": {"finalizers": [{"a": 1}]}}
+    patch = {"metadata": {"finalizers": [{"b": 2}]}}
+    merged = patching.strategic_merge_patch(old, patch)
+    assert merged == {"metadata": {"finalizers": [{"a": 1}, {"b": 2}]}}
+    merged["metadata"]["finalizers"][0]["a"] = 9
+    merged["metadata"]["finalizers"][1]["b"] = 9
+    assert old == {"metadata": {"finalizers": [{"a": 1}]}}
+    assert patch == {"metadata": {"finalizers": [{"b": 2}]}}
