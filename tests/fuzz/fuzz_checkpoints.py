@@ -16,9 +16,11 @@ The first byte picks the reader; the rest is the file.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import pathlib
+import shutil
 import tempfile
 import zlib
 from typing import Any
@@ -30,6 +32,7 @@ with _harness.instrumented(__name__ == "__main__"):
     from kubelet_dra.commands import cache
 
 _TMP = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-checkpoints-"))
+atexit.register(shutil.rmtree, _TMP, True)
 _HEALTH_FILE = _TMP / "dra_health_state"
 
 

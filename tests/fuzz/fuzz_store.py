@@ -18,6 +18,7 @@ Counterpart of the kubelet's ``dra_health_state`` loader
 
 from __future__ import annotations
 
+import atexit
 import json
 import pathlib
 import shutil
@@ -33,6 +34,7 @@ with _harness.instrumented(__name__ == "__main__"):
 # disk's fsync per input would make this target a hundred times slower.
 _SHM = pathlib.Path("/dev/shm")
 _TMP = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-store-", dir=_SHM if _SHM.is_dir() else None))
+atexit.register(shutil.rmtree, _TMP, True)
 _ROWS_DIR = _TMP / "rows"
 _FILE_DIR = _TMP / "file"
 _KEY = models.DeviceKey("gpu.example.com", "pool", "dev")
