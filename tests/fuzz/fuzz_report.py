@@ -2,7 +2,7 @@
 
 Mirrors ``buildDeviceHealth`` (``pkg/kubelet/cm/dra/manager.go``) and
 ``updateHealthInfo`` (``pkg/kubelet/cm/dra/healthinfo.go``) as
-``kubelet_dra._streams.convert`` and ``kubelet_dra.healthinfo.HealthCache``
+``kubelet_dra.streams.convert`` and ``kubelet_dra.healthinfo.HealthCache``
 implement them. Properties:
 
 - the same bytes read as a v1 and a v1alpha1 ``NodeWatchResourcesResponse``
@@ -31,7 +31,7 @@ from tests.fuzz import _harness
 with _harness.instrumented(__name__ == "__main__"):
     from google.protobuf import message
 
-    from kubelet_dra import _streams, healthinfo, models, store
+    from kubelet_dra import healthinfo, models, store, streams
     from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1_pb2
     from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
 
@@ -55,14 +55,14 @@ class _Sink:
         raise AssertionError("a first report deletes nothing")
 
 
-def _converted(data: bytes, limit: int) -> _streams.Converted | None:
+def _converted(data: bytes, limit: int) -> streams.Converted | None:
     try:
         v1 = v1_pb2.NodeWatchResourcesResponse.FromString(data)
     except message.DecodeError:
         return None
     alpha = v1alpha1_pb2.NodeWatchResourcesResponse.FromString(data)
-    converted = _streams.convert(v1.devices, max_devices=limit)
-    other = _streams.convert(alpha.devices, max_devices=limit)
+    converted = streams.convert(v1.devices, max_devices=limit)
+    other = streams.convert(alpha.devices, max_devices=limit)
     assert (converted.entries, converted.problems, converted.refused) == (
         other.entries,
         other.problems,
@@ -78,7 +78,7 @@ def _converted(data: bytes, limit: int) -> _streams.Converted | None:
     ), (dropped, converted.problems)
     for (pool, device), (health, text, _timeout, _driver_time) in converted.entries.items():
         assert pool and device
-        assert len(pool.encode()) <= _streams.MAX_NAME_BYTES >= len(device.encode())
+        assert len(pool.encode()) <= streams.MAX_NAME_BYTES >= len(device.encode())
         assert len(text.encode()) <= healthinfo.MESSAGE_MAX_BYTES
         assert isinstance(health, models.HealthStatus)
     return converted

@@ -40,7 +40,7 @@ async def test_a_trickling_stream_does_not_slow_the_others(
     caplog: pytest.LogCaptureFixture,
     seconds: float,
 ) -> None:
-    caplog.set_level(logging.WARNING, "kubelet_dra._streams")
+    caplog.set_level(logging.WARNING, "kubelet_dra.streams")
     proxy = sockdir / "slow.sock"
     settings = make_settings(registry_poll_interval=0.5)
     system = clock.SystemClock()
