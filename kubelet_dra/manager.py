@@ -411,6 +411,8 @@ class DRAHealthManager:
                 **{(d, healthinfo.CAP_REASON): n for d, n in self.cache.refused.items()},
             },
             registrations_refused=dict(self.watcher.refused) if self.watcher else {},
+            registration_failures=dict(self.watcher.attempt_failures) if self.watcher else {},
+            registry_ignored=dict(self.watcher.ignored) if self.watcher else {},
             checkpoint_refused=dict(self.checkpoint.refused) if self.checkpoint else {},
             devices=dict(devices),
             lease_expiries=self.plugins.lease_expiries + self._expired_at_start,

@@ -16,6 +16,15 @@ reported: ``/healthz`` fails when the loop's heartbeat is older than
 ``stall_after`` seconds; ``/readyz`` answers 200 only when every readiness
 check passes and lists each check either way, with ``notes`` on what works
 but differently than configured (they never fail readiness).
+
+The port is a neighbour's to reach, so the server bounds what a client can
+hold (issue 22, hostile neighbours): a connection that sends no complete
+request line or headers within ``idle_timeout`` seconds is closed; at most
+``max_connections`` are served at once (one thread each) and a connection
+over that is closed at once; a request line over 64 KiB (414), a header line
+over 64 KiB or more than 100 headers (431) are refused by ``http.server``.
+Each is counted in ``kubelet_dra_metrics_server_refused_total{reason}`` and
+logged (the first of each reason, then at most once a minute with the count).
 """
 
 from __future__ import annotations
@@ -39,6 +48,9 @@ from kubelet_dra import errors
 logger = logging.getLogger(__name__)
 
 PREFIX = "kubelet_dra"
+HTTP_REFUSED_REASONS = ("idle_timeout", "too_many_connections", "too_large", "bad_request")
+"""Reasons of ``kubelet_dra_metrics_server_refused_total``."""
+_LOG_EVERY = 60.0  # seconds between two log lines of one refusal reason
 STREAM_STATES = ("connecting", "streaming", "backoff", "unimplemented", "stopped")
 
 
@@ -61,6 +73,8 @@ class State:
     last_report: Mapping[str, float] = dataclasses.field(default_factory=dict)
     refused: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     registrations_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    registration_failures: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    registry_ignored: Mapping[str, int] = dataclasses.field(default_factory=dict)
     checkpoint_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
     devices: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     lease_expiries: int = 0
@@ -174,6 +188,20 @@ def _driver_metrics(state: State) -> Iterator[core.Metric]:
     )
     for reason, count in state.registrations_refused.items():
         registrations.add_metric([reason], count)
+    failures = _counter(
+        "registration_failures",
+        "Registration attempts that failed and are retried (GetInfo errors), by gRPC code.",
+        ["reason"],
+    )
+    for reason, count in state.registration_failures.items():
+        failures.add_metric([reason], count)
+    ignored = _gauge(
+        "registry_ignored_entries",
+        "Entries of the plugins registry the last scan passed over, by reason.",
+        ["reason"],
+    )
+    for reason, count in state.registry_ignored.items():
+        ignored.add_metric([reason], count)
     checkpoint = _counter(
         "checkpoint_refused",
         "Reads of the kubelet's DRA checkpoint (dra_manager_state) refused, by reason.",
@@ -181,7 +209,7 @@ def _driver_metrics(state: State) -> Iterator[core.Metric]:
     )
     for reason, count in state.checkpoint_refused.items():
         checkpoint.add_metric([reason], count)
-    yield from (reports, updates, age, refused, registrations, checkpoint)
+    yield from (reports, updates, age, refused, registrations, failures, ignored, checkpoint)
 
 
 def _device_metrics(state: State) -> Iterator[core.Metric]:
@@ -280,6 +308,8 @@ class Server:
         readiness: Readiness,
         notes: Notes | None = None,
         stall_after: float = 10.0,
+        idle_timeout: float = 10.0,
+        max_connections: int = 256,
     ) -> None:
         self.host, self.port = parse_address(address)
         self._loop = loop
@@ -287,9 +317,15 @@ class Server:
         self._readiness = readiness
         self._notes = notes
         self.stall_after = stall_after
+        self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
         self.heartbeat = time.monotonic()
-        self._httpd: http.server.ThreadingHTTPServer | None = None
+        self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._refused_lock = threading.Lock()
+        self.refused: dict[str, int] = dict.fromkeys(HTTP_REFUSED_REASONS, 0)
+        self._logged_at: dict[str, float] = {}
+        metrics.registry.register(_ServerCollector(self))
 
     @property
     def address(self) -> str:
@@ -298,10 +334,9 @@ class Server:
     def start(self) -> None:
         handler = _handler_for(self)
         try:
-            self._httpd = http.server.ThreadingHTTPServer((self.host, self.port), handler)
+            self._httpd = _HTTPServer((self.host, self.port), handler, server=self)
         except OSError as exc:
             raise errors.ConfigError(f"cannot listen on {self.address}: {exc}") from exc
-        self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="metrics", daemon=True
@@ -313,6 +348,24 @@ class Server:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+
+    def refuse(self, reason: str, client: str, detail: str) -> None:
+        """Count a refused connection or request (any thread); log the first, then a minute's."""
+        now = time.monotonic()
+        with self._refused_lock:
+            self.refused[reason] += 1
+            count = self.refused[reason]
+            last = self._logged_at.get(reason)
+            if last is not None and now - last < _LOG_EVERY:
+                return
+            self._logged_at[reason] = now
+        logger.warning(
+            "metrics server: refused a connection from %s (%s: %s); %d refused for this reason",
+            client,
+            reason,
+            detail,
+            count,
+        )
 
     async def beat(self, interval: float = 1.0) -> None:
         """Run on the loop: proves to ``/healthz`` that the loop is turning."""
@@ -342,8 +395,92 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    """One thread per connection, at most ``max_connections`` of them."""
+
+    daemon_threads = True
+    # socketserver's default backlog is 5: a burst of connections (a neighbour
+    # opening hundreds) would leave a scrape waiting for SYN retransmissions.
+    request_queue_size = 1024
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[http.server.BaseHTTPRequestHandler],
+        *,
+        server: Server,
+    ) -> None:
+        super().__init__(address, handler)
+        self.owner = server
+        self._slots = threading.BoundedSemaphore(server.max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.owner.refuse(
+                "too_many_connections",
+                _client(client_address),
+                f"{self.owner.max_connections} connections are open",
+            )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _ServerCollector(registry.Collector):
+    def __init__(self, server: Server) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[core.Metric]:
+        refused = _counter(
+            "metrics_server_refused",
+            "Connections and requests the metrics server refused or closed, by reason.",
+            ["reason"],
+        )
+        with self._server._refused_lock:
+            counts = dict(self._server.refused)
+        for reason, count in counts.items():
+            refused.add_metric([reason], count)
+        yield refused
+
+
+def _client(address: Any) -> str:
+    return str(address[0]) if isinstance(address, tuple) and address else str(address)
+
+
 def _handler_for(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
+        # A socket timeout per read: an idle or stalled client is let go.
+        timeout = server.idle_timeout
+
+        def send_error(
+            self, code: int, message: str | None = None, explain: str | None = None
+        ) -> None:
+            if code in (414, 431):
+                server.refuse("too_large", _client(self.client_address), f"{code} {message}")
+            elif code == 400:
+                server.refuse("bad_request", _client(self.client_address), f"{code} {message}")
+            super().send_error(code, message, explain)
+
+        def log_error(self, format: str, *args: Any) -> None:
+            if format.startswith("Request timed out"):
+                server.refuse(
+                    "idle_timeout",
+                    _client(self.client_address),
+                    f"no whole request within {server.idle_timeout:g} s",
+                )
+                return
+            logger.debug("metrics server: " + format, *args)
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             route = {"/metrics": _metrics, "/healthz": _healthz, "/readyz": _readyz}.get(path)

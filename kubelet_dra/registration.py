@@ -35,6 +35,7 @@ import collections
 import contextlib
 import dataclasses
 import enum
+import errno
 import logging
 import os
 import pathlib
@@ -61,6 +62,18 @@ HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 NOTIFY_TIMEOUT = 5.0
 """The kubelet's timeout for ``NotifyRegistrationStatus``."""
 _MAX_DEPTH = 8  # the registry is shallow; a bound keeps a pathological tree cheap
+IGNORED_REASONS = (
+    "not_a_socket",
+    "unreachable",
+    "symlink_loop",
+    "outside_registry",
+    "not_utf8",
+    "too_deep",
+)
+"""Why a scan passes over a registry entry: a regular file, FIFO or directory
+link; a dangling symlink (or one removed mid-scan); a symlink loop; a symlink to
+a socket outside the registry; a name that is not UTF-8; a directory below
+:data:`_MAX_DEPTH`. Hidden (dot) entries are not counted."""
 DRIVER_NAME_MAX_BYTES = 63
 """``ValidateCSIDriverName``'s limit."""
 UNIX_PATH_MAX = 108
@@ -396,6 +409,14 @@ class RegistryWatcher:
         self.refused: collections.Counter[str] = collections.Counter()
         """Reason -> registrations refused by validation (``driver_name``,
         ``endpoint``, ``plugin_type``, ``supported_versions``), once per socket."""
+        self.attempt_failures: collections.Counter[str] = collections.Counter()
+        """gRPC code (or ``bug``) -> registration attempts that failed and will be
+        retried: a socket that never answers ``GetInfo`` counts ``DEADLINE_EXCEEDED``
+        once per attempt (its backoff doubles up to ``registration_backoff_max``)."""
+        self.ignored: dict[str, int] = dict.fromkeys(IGNORED_REASONS, 0)
+        self._ignoring = dict(self.ignored)  # the counts of the scan under way
+        """Reason -> entries of the registry the last scan passed over (see
+        :data:`IGNORED_REASONS`)."""
 
     @property
     def registered(self) -> dict[str, PluginInfo]:
@@ -469,7 +490,15 @@ class RegistryWatcher:
         seen_inodes: set[int] = set()
         links: list[tuple[str, tuple[int, int]]] = []
         real_root = os.path.realpath(root)
+        ignored = self._ignoring = dict.fromkeys(IGNORED_REASONS, 0)
         self._scan_dir(str(root), real_root, found, seen_inodes, links, depth=0)
+        if ignored != self.ignored and any(ignored.values()):
+            logger.info(
+                "plugins registry %s: passing over %s",
+                root,
+                ", ".join(f"{n} {reason}" for reason, n in ignored.items() if n),
+            )
+        self.ignored = ignored
         # Symlinks count only after the whole tree: a link met before the
         # socket it points to must not take its place (the driver would be
         # deregistered and its devices turn Unknown until the link goes).
@@ -489,6 +518,7 @@ class RegistryWatcher:
         *,
         depth: int,
     ) -> None:
+        ignored = self._ignoring
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.is_symlink())
         except OSError as exc:
@@ -499,10 +529,13 @@ class RegistryWatcher:
                 continue
             if not _valid_utf8(entry.name):
                 self._log_once(entry.path, "file name is not valid UTF-8")
+                ignored["not_utf8"] += 1
                 continue
             if entry.is_dir(follow_symlinks=False):
                 if depth < _MAX_DEPTH:
                     self._scan_dir(entry.path, real_root, found, seen, links, depth=depth + 1)
+                else:
+                    ignored["too_deep"] += 1
                 continue
             identity = self._socket_identity(entry, real_root)
             if identity is not None and entry.is_symlink():
@@ -513,16 +546,24 @@ class RegistryWatcher:
                 found[entry.path] = identity
 
     def _socket_identity(self, entry: os.DirEntry[str], real_root: str) -> tuple[int, int] | None:
+        ignored = self._ignoring
         try:
             st = entry.stat(follow_symlinks=True)
-        except OSError:
-            return None  # dangling symlink or a file removed mid-scan
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                self._log_once(entry.path, "symlink loop")
+                ignored["symlink_loop"] += 1
+            else:
+                ignored["unreachable"] += 1  # dangling symlink or a file removed mid-scan
+            return None
         if not stat.S_ISSOCK(st.st_mode):
+            ignored["not_a_socket"] += 1
             return None
         if entry.is_symlink():
             target = os.path.realpath(entry.path)
             if os.path.commonpath([target, real_root]) != real_root:
                 self._log_once(entry.path, "symlink points outside the registry directory")
+                ignored["outside_registry"] += 1
                 return None
         return st.st_ino, st.st_ctime_ns
 
@@ -574,6 +615,7 @@ class RegistryWatcher:
             entry.parked = True  # its answers will not change until the socket does
             self.refused[exc.reason or "other"] += 1
             return
+        self.attempt_failures[getattr(exc, "kind", "other")] += 1
         entry.attempts += 1
         delay = min(
             self._settings.registration_backoff_initial * 2 ** (entry.attempts - 1),

@@ -101,13 +101,17 @@ _DELETE = f'DELETE FROM "{_TABLE}" WHERE key IN (SELECT json(value) FROM json_ea
 # string concatenation (every value is a whole record, its key included),
 # validated in one call. json_group_array(json(value)) made SQLite parse and
 # re-render every value first: 20 against 7 ms per 10,000 rows. The row count
-# comes along so a value that is not exactly one JSON object (NULL, or text
-# that would read as two) fails the chunk, and the row-by-row path skips it.
+# and the count of values that are JSON alone come along: a chunk is used only
+# if every value is (NULL, text that would read as two records, or two halves
+# that join into records fail it), and the row-by-row path skips the bad ones.
+# Values come back as bytes (CAST AS BLOB): text that is not UTF-8 is then a
+# validation error of that row, not a decoding error of the whole query.
 _LOAD_CHUNK = (
-    "SELECT '[' || group_concat(value, ',') || ']', max(rowid), count(*) FROM "
+    "SELECT CAST('[' || group_concat(value, ',') || ']' AS BLOB), max(rowid), count(*),"
+    " sum(json_valid(value)) FROM "
     f'(SELECT rowid, value FROM "{_TABLE}" WHERE rowid > ? ORDER BY rowid LIMIT ?)'
 )
-_LOAD_ROWS = f'SELECT key, value FROM "{_TABLE}"'
+_LOAD_ROWS = f'SELECT CAST(value AS BLOB) FROM "{_TABLE}" ORDER BY rowid'
 # Primary SQLite result codes that mean "cannot write here now", not "bad file".
 _UNWRITABLE = {
     sqlite3.SQLITE_PERM,
@@ -307,26 +311,42 @@ class HealthStore:
     # -- reading -----------------------------------------------------------
 
     def load(self) -> list[tuple[models.DeviceKey, models.DeviceHealth]]:
-        """Every stored record. Rows that do not validate are skipped and counted."""
+        """Every stored record. Rows that do not validate are skipped and counted.
+
+        Read on a connection of its own, not sqlitedict's: sqlitedict's worker
+        thread dies on an error while it fetches rows (a value that is not
+        UTF-8, a page found corrupt mid-scan), and its caller then waits forever.
+        """
         if self._db is None:
             return self._load_read_only()
         try:
-            with gc_paused():
-                return list(self._load_chunks())
-        except (sqlite3.Error, pydantic.ValidationError, ValueError):
-            # One bad row spoils the fast path; read row by row and skip it.
-            return list(self._load_rows())
+            conn = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True)
+        except sqlite3.Error as exc:
+            logger.error("health cache %s cannot be read (%s); starting empty", self.path, exc)
+            return []
+        try:
+            try:
+                with gc_paused():
+                    return list(self._load_chunks(conn))
+            except (sqlite3.Error, pydantic.ValidationError, ValueError):
+                # One bad row spoils the fast path; read row by row and skip it.
+                return self._load_rows(conn)
+        finally:
+            conn.close()
 
-    def _load_chunks(self) -> Iterator[tuple[models.DeviceKey, models.DeviceHealth]]:
+    def _load_chunks(
+        self, conn: sqlite3.Connection
+    ) -> Iterator[tuple[models.DeviceKey, models.DeviceHealth]]:
         # CHUNK rows per query, validated in one pass each: fast, and the
         # transient JSON and models of a 100,000-device file never exist at once.
-        assert self._db is not None
         after = 0
         while True:
-            row = self._db.conn.select_one(_LOAD_CHUNK, (after, CHUNK_LOAD))
+            row = conn.execute(_LOAD_CHUNK, (after, CHUNK_LOAD)).fetchone()
             if not row or row[1] is None:
                 return
-            stored = _ROWS.validate_json(row[0] or "")
+            if row[3] != row[2]:
+                raise ValueError("a stored value is not JSON")
+            stored = _ROWS.validate_json(row[0] or b"")
             if len(stored) != row[2]:
                 raise ValueError("a stored value is not one JSON object")
             yield from map(_record_of, stored)
@@ -341,28 +361,41 @@ class HealthStore:
             try:
                 conn = sqlite3.connect(uri + query, uri=True)
                 try:
-                    rows = conn.execute(_LOAD_ROWS).fetchall()
+                    return self._load_rows(conn, strict=True)
                 finally:
                     conn.close()
             except sqlite3.Error as exc:
                 failure = exc
                 continue
-            return list(self._validate_rows(rows))
         logger.warning(
             "health cache %s not readable either (%s); starting empty", self.path, failure
         )
         return []
 
-    def _load_rows(self) -> Iterator[tuple[models.DeviceKey, models.DeviceHealth]]:
-        assert self._db is not None
-        yield from self._validate_rows(self._db.conn.select(_LOAD_ROWS))
-
-    def _validate_rows(
-        self, rows: Iterable[tuple[str, str]]
-    ) -> Iterator[tuple[models.DeviceKey, models.DeviceHealth]]:
-        for _key, value in rows:
+    def _load_rows(
+        self, conn: sqlite3.Connection, *, strict: bool = False
+    ) -> list[tuple[models.DeviceKey, models.DeviceHealth]]:
+        """Row by row, skipping what does not validate; a read error ends the scan
+        (and is raised when ``strict``: the caller has another way to read)."""
+        out: list[tuple[models.DeviceKey, models.DeviceHealth]] = []
+        cursor = conn.execute(_LOAD_ROWS)
+        while True:
             try:
-                yield StoredDevice.model_validate_json(value).to_record()
+                row = cursor.fetchone()
+            except sqlite3.Error as exc:
+                if strict:
+                    raise
+                logger.error(
+                    "health cache %s: reading stopped after %d records (%s); keeping those",
+                    self.path,
+                    len(out),
+                    exc,
+                )
+                return out
+            if row is None:
+                return out
+            try:
+                out.append(StoredDevice.model_validate_json(row[0] or b"").to_record())
             except (pydantic.ValidationError, ValueError, TypeError) as exc:
                 self.skipped_rows += 1
                 logger.warning("skipping unreadable health record: %s", exc)

@@ -143,7 +143,10 @@ def read_kubelet_state(path: pathlib.Path, *, default_lease: float) -> list[Row]
         if devices is not None and not isinstance(devices, dict):
             raise errors.StoreError(f"{path}: driver {driver!r}: Devices is not an object")
         for name, entry in (devices or {}).items():
-            rows.append(_kubelet_row(driver, name, entry, default_lease))
+            try:
+                rows.append(_kubelet_row(driver, name, entry, default_lease))
+            except ValueError as exc:
+                raise errors.StoreError(f"{path}: driver {driver!r}, {name!r}: {exc}") from exc
     return sorted(rows)
 
 
@@ -155,7 +158,7 @@ def _kubelet_row(driver: str, name: str, entry: object, default_lease: float) ->
         return models.DeviceKey(driver, pool, device), models.DeviceHealth(
             models.HealthStatus.UNKNOWN, "", default_lease, 0.0
         )
-    timeout_ns = int(entry.get("HealthCheckTimeout") or 0)
+    timeout_ns = _duration(entry.get("HealthCheckTimeout"))
     record = models.DeviceHealth(
         health=_health(entry.get("Health")),
         message=str(entry.get("Message") or ""),
@@ -170,6 +173,19 @@ def _beside(key: models.DeviceKey, kubelet_id: str, resource_id: str) -> str:
     """The table's ``resourceid``: what ``claims.device_name`` puts in parentheses."""
     name = claims.device_name(key, kubelet_id, resource_id)
     return name[len(str(key)) + 2 : -1] if name != str(key) else ""
+
+
+def _duration(value: object) -> int:
+    """``HealthCheckTimeout``, a Go ``time.Duration``: an int64 of nanoseconds or absent.
+
+    Go's decoder refuses the whole file for anything else (a string, a
+    fraction, a number out of range), so do we (``ValueError``).
+    """
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        raise ValueError(f"HealthCheckTimeout {str(value)[:40]!r} is not an int64 of nanoseconds")
+    return value
 
 
 def _health(value: object) -> models.HealthStatus:

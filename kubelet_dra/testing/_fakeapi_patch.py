@@ -123,6 +123,8 @@ def _get(doc: JSON, path: Any, op: str) -> JSON:
 
 def _remove(doc: JSON, path: Any, op: str) -> JSON:
     parts = _pointer(path)
+    if not parts:  # the root has no parent to remove it from (evanphx: missing path)
+        raise _missing(op, path)
     parent = _parent(doc, parts, op, path)
     value = _child(parent, parts[-1])
     if value is _MISSING:
@@ -237,7 +239,7 @@ def _merge_key(result: dict[str, Any], key: str, value: Any, path: tuple[str, ..
 def _merge_list(original: list[Any], patch: list[Any], path: tuple[str, ...]) -> list[Any]:
     merge_key = _MERGE_KEYS.get(path)
     if path in _PRIMITIVE_MERGE:
-        return list(original) + [v for v in patch if v not in original]
+        return copy.deepcopy(original + [v for v in patch if v not in original])
     if merge_key is None:
         return _strip_directives(patch)  # type: ignore[no-any-return]
     if any(isinstance(p, dict) and p.get(_DIRECTIVE) == "replace" for p in patch):

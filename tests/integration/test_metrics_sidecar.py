@@ -34,6 +34,9 @@ FAMILIES = {
     "kubelet_dra_registrations_refused": "counter",
     # issue 19: reads of the kubelet's DRA checkpoint refused, by reason
     "kubelet_dra_checkpoint_refused": "counter",
+    # issue 22: failed registration attempts (retried), registry entries passed over
+    "kubelet_dra_registration_failures": "counter",
+    "kubelet_dra_registry_ignored_entries": "gauge",
     # devices by health, lease expiries
     "kubelet_dra_devices": "gauge",
     "kubelet_dra_lease_expiries": "counter",
@@ -53,6 +56,8 @@ FAMILIES = {
     # issue 19: the node's kubelet removes the field (its gate off), and removals seen
     "kubelet_dra_kubelet_removes_field": "gauge",
     "kubelet_dra_field_removals": "counter",
+    # issue 22: connections and requests the metrics port refused, by reason
+    "kubelet_dra_metrics_server_refused": "counter",
 }
 
 

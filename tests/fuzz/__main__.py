@@ -1,0 +1,130 @@
+"""``python -m tests.fuzz``: run the atheris targets one after the other (``tox -e fuzz``).
+
+No kubelet counterpart. Each target gets ``--minutes`` of wall time
+(libFuzzer's ``-max_total_time``); a target that crashes is started again
+for what is left of its time (up to ``--restarts`` times), so one bug does
+not end the run. New inputs and crash files go to ``--work`` (the kept seeds
+in ``tests/fuzz/corpus`` are only read). At the end a table gives, per
+target, executions, coverage (libFuzzer's ``cov``: instrumented edges of
+the package reached; ``ft``: features), the corpus size, CPU seconds and
+the crash files; the exit code is 1 if anything crashed or hung.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGETS = ("fuzz_store", "fuzz_checkpoints", "fuzz_report", "fuzz_registration", "fuzz_patch")
+_DONE = re.compile(rb"#(\d+)\s+DONE\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
+_STAT = re.compile(rb"#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
+
+
+@dataclasses.dataclass
+class Result:
+    target: str
+    execs: int = 0
+    cov: int = 0
+    ft: int = 0
+    corpus: int = 0
+    cpu: float = 0.0
+    wall: float = 0.0
+    crashes: list[str] = dataclasses.field(default_factory=list)
+
+
+def _run_once(
+    target: str, seconds: int, work: pathlib.Path, log: pathlib.Path
+) -> tuple[bytes, float]:
+    cmd = [
+        sys.executable, "-m", f"tests.fuzz.{target}", "--work", str(work),
+        f"-max_total_time={seconds}", "-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
+    }
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        if status:
+            out.write(f"\nfuzz runner: {target} exited with status {status}\n".encode())
+    return log.read_bytes(), usage.ru_utime + usage.ru_stime
+
+
+def run(target: str, minutes: float, work: pathlib.Path, restarts: int) -> Result:
+    result = Result(target)
+    budget = int(minutes * 60)
+    log = work / f"{target}.log"
+    log.unlink(missing_ok=True)
+    start = time.monotonic()
+    for _ in range(restarts + 1):
+        left = budget - int(time.monotonic() - start)
+        if left <= 0:
+            break
+        offset = log.stat().st_size if log.exists() else 0
+        text, cpu = _run_once(target, left, work, log)
+        result.cpu += cpu
+        part = text[offset:]
+        stats = _DONE.findall(part) or _STAT.findall(part)
+        if stats:
+            execs, cov, ft, corp = map(int, stats[-1])
+            result.execs += execs
+            result.cov, result.ft, result.corpus = max(result.cov, cov), max(result.ft, ft), corp
+        crashed = [c.decode() for c in re.findall(rb"Test unit written to (\S+)", part)]
+        if not crashed and b"fuzz runner: " in part:
+            crashed = [f"(no input kept; see {log})"]
+        result.crashes += crashed
+        if not crashed:
+            break
+    result.wall = time.monotonic() - start
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__)
+    parser.add_argument(
+        "targets", nargs="*", default=list(TARGETS), help=f"of {', '.join(TARGETS)}"
+    )
+    parser.add_argument("--minutes", type=float, default=1.0, help="wall time per target")
+    parser.add_argument(
+        "--work", type=pathlib.Path, help="new inputs and crashes (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--restarts", type=int, default=20, help="restarts after a crash, per target"
+    )
+    ns = parser.parse_args()
+    work = ns.work or pathlib.Path(tempfile.mkdtemp(prefix="kubelet-dra-fuzz-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    for target in ns.targets:
+        result = run(target, ns.minutes, work, ns.restarts)
+        results.append(result)
+        print(
+            f"{target}: {result.execs} execs, cov {result.cov}, ft {result.ft}, "
+            f"corpus {result.corpus}, {result.cpu:.0f} CPU s in {result.wall:.0f} s, "
+            f"{len(result.crashes)} crashes",
+            flush=True,
+        )
+    print(f"\nwork dir: {work}")
+    print("| target | executions | coverage (cov / ft) | corpus | CPU s | wall s | crashes |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in results:
+        print(
+            f"| {r.target} | {r.execs} | {r.cov} / {r.ft} | {r.corpus} "
+            f"| {r.cpu:.0f} | {r.wall:.0f} | {len(r.crashes)} |"
+        )
+    for r in results:
+        for crash in r.crashes:
+            print(f"crash in {r.target}: {crash}")
+    return 1 if any(r.crashes for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
