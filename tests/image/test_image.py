@@ -12,7 +12,6 @@ own paths. The FakeApiServer and the FakeDriver run in this process, on the host
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import pathlib
@@ -21,7 +20,6 @@ import socket
 import sys
 import tempfile
 from collections.abc import Iterator
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -32,7 +30,6 @@ from tests.integration._sidecar_process import (
     DRIVER,
     FAST_ENV,
     NODE,
-    ROOT,
     cluster,
     device,
     health_of,
@@ -40,6 +37,7 @@ from tests.integration._sidecar_process import (
 )
 
 from . import _podman
+from ._build import load_build
 
 pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(1800)]
 NONROOT = 65532
@@ -48,16 +46,7 @@ CONTAINER_STATE = "/var/lib/kubelet-dra-health"
 CONTAINER_KUBECONFIG = "/etc/kubelet-dra-health/kubeconfig"
 
 
-def _load_build() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("image_build", ROOT / "deploy/image/build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load_build()
+build = load_build()
 
 
 @pytest.fixture(scope="module")
