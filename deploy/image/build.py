@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import pathlib
@@ -357,8 +356,8 @@ def pack(rootfs: pathlib.Path, layout: pathlib.Path, tag: str, epoch: int,
     history = ["--history.created", created, "--history.author", "kubelet-dra"]
     run(["umoci", "init", "--layout", layout])
     run(["umoci", "new", "--image", image])
-    run(["umoci", "insert", "--image", image, *history,
-         "--history.created_by", "deploy/image/build.py: mmdebstrap rootfs", rootfs, "/"])  # fmt: skip
+    step = ["--history.created_by", "deploy/image/build.py: mmdebstrap rootfs"]
+    run(["umoci", "insert", "--image", image, *history, *step, rootfs, "/"])
     config = ["--created", created, "--author", "kubelet-dra", "--os", "linux",
               "--architecture", deb_arch(), "--no-history", "--clear=config.entrypoint",
               "--clear=config.cmd"]  # fmt: skip
@@ -383,8 +382,8 @@ def labels(version: str, epoch: int) -> dict[str, str]:
 
 
 def deb_arch() -> str:
-    done = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True)
-    return done.stdout.strip() or "amd64"
+    machine = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
 def manifest_digest(layout: pathlib.Path, tag: str) -> str:
@@ -579,9 +578,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "~/.cache/kubelet-dra/image)")  # fmt: skip
     parser.add_argument("--tag", help="the layout's tag (default: the package version)")
     parser.add_argument("--install-tools", action="store_true",
-                        help="apt-get install mmdebstrap and umoci when missing")  # fmt: skip
-    parser.add_argument("--load", action="store_true",
-                        help=f"copy it into podman's storage as {REPOSITORY}:TAG (skopeo)")  # fmt: skip
+                        help="apt-get install mmdebstrap, umoci, skopeo when missing")  # fmt: skip
+    parser.add_argument(
+        "--load", action="store_true", help=f"copy it into podman's storage as {REPOSITORY}:TAG"
+    )
     parser.add_argument("--keep-rootfs", action="store_true", help="keep it in OUT/rootfs")
     args = parser.parse_args(argv)
     try:

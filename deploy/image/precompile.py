@@ -23,7 +23,7 @@ import sys
 if os.environ.get("PYTHONHASHSEED") != "0" or not sys.dont_write_bytecode:
     sys.exit("precompile.py: run with PYTHONHASHSEED=0 and PYTHONDONTWRITEBYTECODE=1")
 
-import kubelet_dra  # noqa: E402
+import kubelet_dra
 
 for module in pkgutil.walk_packages(kubelet_dra.__path__, "kubelet_dra."):
     if not module.name.endswith(".__main__"):

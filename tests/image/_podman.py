@@ -52,7 +52,7 @@ def argv(args: Sequence[str]) -> list[str]:
     return ["unshare", "--mount", "sh", "-c", script]
 
 
-def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv(args), capture_output=True, text=True, check=check, timeout=timeout
-    )
+def podman(
+    *args: str, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv(args), capture_output=True, text=True, check=check, timeout=timeout)

@@ -19,7 +19,6 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -50,7 +49,7 @@ build = load_build()
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, pathlib.Path]]:
+def builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, pathlib.Path]:
     """Two builds of this checkout with one SOURCE_DATE_EPOCH, into two directories."""
     install = os.environ.get("KUBELET_DRA_IMAGE_INSTALL_TOOLS") == "1"
     try:
@@ -65,7 +64,7 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any,
     first = build.build(base / "first", cache)
     second = build.build(base / "second", cache)
     print(f"\nimage builds: {first['build_seconds']} s then {second['build_seconds']} s")
-    yield first, second, base / "first"
+    return first, second, base / "first"
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +101,7 @@ def test_version_matches_the_package(image: str) -> None:
 
 async def test_the_image_runs_like_the_daemonset(image: str) -> None:
     """/healthz and /readyz answer; pod status written from a FakeDriver's reports."""
-    with _sockdir() as sockdir, FakeApiServer() as api:
+    with _SockDir() as sockdir, FakeApiServer() as api:
         cluster(api)
         kubeconfig = api.write_kubeconfig(sockdir / "kubeconfig")
         kubeconfig.chmod(0o644)
@@ -219,7 +218,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class _sockdir:
+class _SockDir:
     """A short directory under /tmp (unix socket paths are limited to 107 bytes)."""
 
     def __enter__(self) -> pathlib.Path:

@@ -47,14 +47,15 @@ def test_containerfile_reads_the_same_inputs() -> None:
     copied = " ".join(_instruction("COPY"))
     for name in ("packages.txt", "requirements.txt", "prune.txt", "precompile.py"):
         assert f"deploy/image/{name}" in copied, name
-    assert "apt-get install -y --no-install-recommends $(sed 's/#.*//' /tmp/image/packages.txt)" in (
-        CONTAINERFILE
+    assert (
+        "apt-get install -y --no-install-recommends $(sed 's/#.*//' /tmp/image/packages.txt)"
+        in (CONTAINERFILE)
     )
     assert "pip wheel --no-deps -w /wheels -r /wheels/requirements.txt" in CONTAINERFILE
     assert "install --no-index --no-deps --no-compile" in CONTAINERFILE
     assert "$(sed 's/#.*//' /tmp/image/prune.txt)" in CONTAINERFILE
     assert f"/usr/local/lib/{build.PYTHON}/dist-packages/$p" in CONTAINERFILE
-    assert build.SITE == f"usr/local/lib/{build.PYTHON}/dist-packages"
+    assert f"usr/local/lib/{build.PYTHON}/dist-packages" == build.SITE
     assert "PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE=1 python3.11 /tmp/image/precompile.py" in (
         CONTAINERFILE
     )
