@@ -57,6 +57,12 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "the kubelet's --root-dir, whose dra_manager_state names CDI device IDs "
         "(default /var/lib/kubelet); empty disables",
     ),
+    "--kubelet-field-grace": (
+        "kubelet_field_grace",
+        "KUBELET_DRA_KUBELET_FIELD_GRACE",
+        "auto beside a kubelet: seconds a pod's first field write waits for the "
+        "kubelet's own entries (default 20); 0 disables",
+    ),
     "--health-timeout": (
         "health_timeout",
         "KUBELET_DRA_HEALTH_TIMEOUT",

@@ -266,6 +266,11 @@ class CheckpointWatcher:
         self._apply, self._clock = apply, clock
         self._seen: _Identity | bool | None = False  # False: never looked
 
+    @property
+    def present(self) -> bool:
+        """Whether the file was there at the last look: a kubelet runs on this node."""
+        return self._seen not in (False, None)
+
     async def run(self) -> None:
         """Poll until cancelled: the file is looked at in a thread, applied on the loop."""
         while True:

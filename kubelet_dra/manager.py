@@ -278,6 +278,7 @@ class DRAHealthManager:
             config=self.settings,
             clock=self.clock,
             limiter=budget,
+            kubelet_beside=lambda: self.checkpoint is not None and self.checkpoint.present,
         )
         self.pods = kube.NodePods(
             api=api, node_name=node, index=self.index, writer=self.writer, clock=self.clock

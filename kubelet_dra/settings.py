@@ -62,6 +62,9 @@ class Settings(pydantic_settings.BaseSettings):
     # CDI device IDs of prepared claims (kubeletcheckpoint). None or "": not read.
     kubelet_root_dir: pathlib.Path | None = pathlib.Path("/var/lib/kubelet")
     kubelet_checkpoint_interval: float = pydantic.Field(default=2.0, gt=0)
+    # ``auto`` beside a kubelet (its checkpoint is there): how long a pod's first field
+    # write waits for the kubelet's own entries. Two of its 10 s status reconciles.
+    kubelet_field_grace: float = pydantic.Field(default=20.0, ge=0)
     # kubelet DefaultHealthTimeout; a device's positive health_check_timeout_seconds wins.
     health_timeout: float = pydantic.Field(default=30.0, gt=0)
     container_status: ContainerStatusMode = ContainerStatusMode.AUTO

@@ -83,6 +83,8 @@ class Demo:
             kubeconfig=api.write_kubeconfig(root / "kubeconfig"),
             plugins_registry=root / "registry",
             state_dir=root / "state",
+            # The demo's node has no kubelet: never read (or wait for) the host's.
+            kubelet_root_dir=None,
             metrics_address="",
             registry_poll_interval=0.1,
             stream_backoff_initial=0.2,

@@ -103,6 +103,7 @@ class PodState:
     kubelet_owned: bool = False  # the kubelet writes this pod's device entries
     removals: int = 0  # times the kubelet was seen removing the field we wrote
     rewrite_at: float | None = None  # ``on``: not before this time after a removal
+    field_hold_until: float | None = None  # ``auto`` beside a kubelet: first field write
     seen_health: dict[models.DeviceKey, models.HealthStatus] = dataclasses.field(
         default_factory=dict
     )  # what the last event computation saw
@@ -285,12 +286,18 @@ def managed_entries(pod: Obj, desired: podstatus.Desired) -> tuple[Any, ...]:
     )
 
 
-def kubelet_verdict(written: Written | None, pod: Obj, desired: podstatus.Desired) -> Verdict:
+def kubelet_verdict(
+    written: Written | None, pod: Obj, desired: podstatus.Desired, *, kubelet_beside: bool = False
+) -> Verdict:
     """What ``pod`` says about the kubelet, given what our last accepted write left.
 
     - Entries under our names with resource IDs we would not produce (CDI
       IDs), or entries we wrote changed by a later version: the kubelet writes
-      the field.
+      the field. Beside a kubelet (``kubelet_beside``), entries under our
+      names that this process did not write are the kubelet's too, whatever
+      their IDs: with the checkpoint's CDI IDs ours equal the kubelet's, and a
+      restarted sidecar must not take the field back (a kubelet whose gate is
+      off removes whatever is there, so leaving it costs nothing).
     - A later version in which every container we wrote entries for (and
       which is still listed) has none of our entry names left: the kubelet
       removes it. Its status manager sends the whole atomic
@@ -300,7 +307,8 @@ def kubelet_verdict(written: Written | None, pod: Obj, desired: podstatus.Desire
       answer, so a field the API server dropped is empty there: no removal.
     """
     if written is None:
-        return Verdict.KUBELET_WRITES if _foreign_ids(pod, desired) else Verdict.NOBODY
+        theirs = _foreign_ids(pod, desired) or (kubelet_beside and _named(pod, desired))
+        return Verdict.KUBELET_WRITES if theirs else Verdict.NOBODY
     if podjson.resource_version_number(pod) <= written.rv:
         return Verdict.NOBODY
     status = podjson.status(pod)
@@ -330,6 +338,16 @@ def _foreign_ids(pod: Obj, desired: podstatus.Desired) -> bool:
             if entry.get("name") in managed and _ids(entry) != _ids(want):
                 return True
     return False
+
+
+def _named(pod: Obj, desired: podstatus.Desired) -> bool:
+    """Whether the pod lists an entry under one of our names."""
+    status = podjson.status(pod)
+    return any(
+        entry.get("name") in managed
+        for (field, container), managed in desired.containers.items()
+        for entry in podstatus.container_entries(status, field, container)
+    )
 
 
 def _ids(entry: Obj | None) -> set[str]:

@@ -132,8 +132,11 @@ class StatusWriter:
         concurrency: int | None = None,
         max_attempts: int = 5,
         rng: random.Random | None = None,
+        kubelet_beside: Callable[[], bool] | None = None,
     ) -> None:
         self.node = node_name
+        # Whether a kubelet runs on this node (the sidecar: its DRA checkpoint is there).
+        self._kubelet_beside = kubelet_beside or (lambda: False)
         self.stats = WriterStats()
         self.mode = config.container_status
         self._api, self._index, self._health, self._clock = api, index, health, clock
@@ -469,7 +472,8 @@ class StatusWriter:
     ) -> bool:
         if self.mode is settings.ContainerStatusMode.OFF or self._gates.health_dropped:
             return False
-        verdict = podstate.kubelet_verdict(state.written, pod, desired)
+        beside = self._kubelet_beside()
+        verdict = podstate.kubelet_verdict(state.written, pod, desired, kubelet_beside=beside)
         if verdict is podstate.Verdict.KUBELET_REMOVES:
             self._kubelet_removed(state, pod)
         if self.mode is settings.ContainerStatusMode.ON:
@@ -482,7 +486,29 @@ class StatusWriter:
                 "The kubelet writes device health for pod %s; leaving that field to it",
                 podjson.name(pod),
             )
-        return not state.kubelet_owned
+        return not state.kubelet_owned and not (beside and self._held(state, pod, desired))
+
+    def _held(self, state: podstate.PodState, pod: Obj, desired: podstatus.Desired) -> bool:
+        """``auto`` beside a kubelet: the field waits ``kubelet_field_grace`` for its entries.
+
+        A kubelet with its gate on writes the field at its next status sync after
+        the device's health reaches it; racing it would cost a write it then
+        overwrites (e2e: once in three runs). So the first field write of a pod
+        waits; the condition does not. If the kubelet's entries appear meanwhile,
+        the pod is the kubelet's (``kubelet_verdict``); if not, we write, and a
+        kubelet whose gate is off shows itself by removing it. The wait starts
+        once a container of ours is listed: before, there is nothing to write.
+        """
+        grace = self._cfg.kubelet_field_grace
+        if state.written is not None or grace <= 0 or not _listed(pod, desired):
+            return False
+        now = self._clock.now()
+        if state.field_hold_until is None:
+            state.field_hold_until = now + grace
+        if now >= state.field_hold_until:
+            return False
+        self._pods.defer(state.uid, state.field_hold_until)
+        return True
 
     def _kubelet_removed(self, state: podstate.PodState, pod: Obj) -> None:
         # Counted once per removal: what we wrote is forgotten until we write again.
@@ -524,3 +550,12 @@ class StatusWriter:
 
 
 _rv = podjson.resource_version_number
+
+
+def _listed(pod: Obj, desired: podstatus.Desired) -> bool:
+    """Whether the pod's status lists a container we have entries for."""
+    status = podjson.status(pod)
+    return any(
+        podjson.find_named(podjson.items(status, field), container) is not None
+        for field, container in desired.containers
+    )

@@ -88,12 +88,13 @@ def ensure_device_class(api: Api, driver: str) -> None:
         })  # fmt: skip
 
 
-def pod_object(name: str, claim: str, *, restart: str = "Never") -> Obj:
+def pod_object(name: str, claim: str, *, restart: str = "Never", template: bool = False) -> Obj:
+    ref = {"resourceClaimTemplateName": claim} if template else {"resourceClaimName": claim}
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": {
             "restartPolicy": restart, "terminationGracePeriodSeconds": 0,
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "resourceClaims": [{"name": "gpu", **ref}],
             "containers": [{"name": CONTAINER, "image": "registry.invalid/e2e:1",
                             "resources": {"claims": [{"name": "gpu"}]}}],
         },
@@ -109,20 +110,39 @@ def create_pod(
     driver: str,
     devices: Sequence[str],
     restart: str = "Never",
+    template: bool = False,
 ) -> Obj:
-    """Create a claim for ``devices`` and a pod using it, allocated and bound to ``node``."""
+    """Create a claim for ``devices`` and a pod using it, allocated and bound to ``node``.
+
+    ``template``: the pod names a ResourceClaimTemplate and this plays the resourceclaim
+    controller (there is no controller manager here): the claim is generated for the pod,
+    owned by it, and named in ``status.resourceClaimStatuses``. A kubelet before 1.36 finds
+    a claim's name only there, so it writes no health for a directly named claim (the
+    conformance matrix's ``claim-name-fallback``).
+    """
     base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
     claim_name = f"{name}-gpu"
+    pod = api.create(
+        f"/api/v1/namespaces/{namespace}/pods",
+        pod_object(name, f"{claim_name}-template" if template else claim_name, restart=restart,
+                   template=template),
+    )  # fmt: skip
+    meta: Obj = {"name": claim_name}
+    if template:
+        meta["annotations"] = {"resource.kubernetes.io/pod-claim-name": "gpu"}
+        meta["ownerReferences"] = [{
+            "apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod["metadata"]["uid"],
+            "controller": True, "blockOwnerDeletion": True}]  # fmt: skip
     claim = api.create(base, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": claim_name},
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta,
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
             "deviceClassName": driver, "allocationMode": "ExactCount",
             "count": len(devices)}}]}},
     })  # fmt: skip
-    pod = api.create(
-        f"/api/v1/namespaces/{namespace}/pods", pod_object(name, claim_name, restart=restart)
-    )
+    if template:
+        statuses = [{"name": "gpu", "resourceClaimName": claim_name}]
+        api.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                  {"status": {"resourceClaimStatuses": statuses}})  # fmt: skip
     claim["status"] = {
         "allocation": {
             "devices": {"results": [

@@ -146,12 +146,19 @@ def kubelet_on(
     yield get
     for kubelet in running.values():
         kubelet.stop()
-        shutil.rmtree(kubelet.workdir, ignore_errors=True)
+        if not os.environ.get("KUBELET_DRA_E2E_KEEP"):  # keep the kubelet's logs to read
+            shutil.rmtree(kubelet.workdir, ignore_errors=True)
 
 
 #: Lines that know the ResourceHealthStatusMessage gate (added in 1.36; a kubelet refuses a
 #: gate it does not know).
 MESSAGE_GATE_LINES = frozenset({"1.37", "1.38"})
+#: Lines whose kubelet finds a claim's name only in status.resourceClaimStatuses (set for
+#: template claims): their pods use a ResourceClaimTemplate (``_dra.create_pod``).
+TEMPLATE_LINES = frozenset({"1.35"})
+#: Lines whose kubelet lists devices sharing a first CDI ID once each under that ID (no
+#: deduplication before 1.36): the API server refuses its whole pod status patch.
+DUPLICATE_ID_LINES = frozenset({"1.35"})
 
 
 def _gates(line: str, on: bool) -> dict[str, bool]:
@@ -183,6 +190,7 @@ class NodeSetup:
         return _dra.create_pod(
             self.api, namespace=self.namespace, name=name, node=self.kubelet.node,
             driver=self.driver.driver_name, devices=devices, restart=restart,
+            template=self.kubelet.spec.line in TEMPLATE_LINES,
         )  # fmt: skip
 
     def pod(self, name: str) -> dict[str, Any]:

@@ -23,7 +23,9 @@ __all__ = ["DRV", "NODE", "H", "Harness", "running", "settled"]
 
 
 class Harness:
-    def __init__(self, server: fakeapi.FakeApiServer, config: settings.Settings) -> None:
+    def __init__(
+        self, server: fakeapi.FakeApiServer, config: settings.Settings, *, beside: bool = False
+    ) -> None:
         self.server = server
         self.config = config
         self.clock = clock.SystemClock()
@@ -33,7 +35,7 @@ class Harness:
         self.api = kube.Api(self.client)
         self.writer = kube.StatusWriter(
             api=self.api, node_name=NODE, index=self.index, health=self.cache.get,
-            config=config, clock=self.clock,
+            config=config, clock=self.clock, kubelet_beside=lambda: beside,
         )  # fmt: skip
         self.pods = kube.NodePods(
             api=self.api, node_name=NODE, index=self.index, writer=self.writer, clock=self.clock,
@@ -87,9 +89,10 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def running(**overrides: Any) -> AsyncIterator[Harness]:
+async def running(*, beside: bool = False, **overrides: Any) -> AsyncIterator[Harness]:
+    """The harness running; ``beside``: a kubelet runs on the node (its checkpoint is there)."""
     with fakeapi.FakeApiServer() as server:
-        harness = Harness(server, make_settings(tuning=WRITER, **overrides))
+        harness = Harness(server, make_settings(tuning=WRITER, **overrides), beside=beside)
         harness.start()
         try:
             yield harness

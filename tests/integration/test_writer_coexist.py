@@ -277,3 +277,76 @@ def _rv(pod: Mapping[str, Any]) -> int:
 
 def _uid(t: h.Harness, name: str) -> str:
     return str(t.server.get_pod("default", name)["metadata"]["uid"])
+
+
+def _same_ids(pod: dict[str, Any], container: str) -> list[dict[str, Any]] | None:
+    """A health-aware kubelet whose IDs equal ours (what the checkpoint gives us)."""
+    if container != "main":
+        return None
+    return [{"name": "claim:gpu", "resources": [
+        {"resourceID": f"{h.DRV}/pool/gpu-0", "health": "Unhealthy"}]}]  # fmt: skip
+
+
+def _first_write_sets_field(server: fakeapi.FakeApiServer, name: str) -> bool:
+    ours = [r.body for r in server.status_writes(name=name) if isinstance(r.body, list)]
+    return any(op["op"] != "test" and "allocatedResourcesStatus" in op["path"] for op in ours[0])
+
+
+GRACE = 1.0  # the test's --kubelet-field-grace (default 20 s: two kubelet reconciles)
+
+
+@pytest.mark.parametrize("kubelet_entries", [_cdi_entries, _same_ids], ids=["cdi-ids", "same-ids"])
+async def test_auto_beside_a_kubelet_holds_the_field_until_it_writes_its_own(
+    kubelet_entries: Any,
+) -> None:
+    # The e2e race (once in three runs): we wrote the field before the gate-on kubelet did.
+    # The hold runs from our first look at the pod; the kubelet starts well inside it.
+    async with h.running(container_status=AUTO, beside=True, kubelet_field_grace=5.0) as t:
+        t.pod_with_gpu("p1", "gpu-0")
+        await eventually(lambda: t.pods.claims_synced)
+        await eventually(lambda: t.condition("p1") is not None)  # Unknown: no report yet
+        assert not _first_write_sets_field(t.server, "p1")  # the condition goes at once
+        kubelet = KubeletStatusManager(t.server, entries=kubelet_entries)  # gate on
+        async with kubelet.running(PERIOD):
+            t.report("gpu-0", H.UNHEALTHY, "ECC error")
+            await eventually(lambda: (t.condition("p1") or {}).get("status") == "False")
+            await eventually(lambda: t.writer.stats.kubelet_owned_pods == 1, timeout=10)
+            t.report("gpu-0", H.HEALTHY)
+            await eventually(lambda: (t.condition("p1") or {}).get("status") == "True")
+            await h.settled(t, quiet=GRACE + 0.2)
+        assert _field_writes(t.server, "p1") == 0
+
+
+async def test_auto_beside_a_kubelet_writes_the_field_after_the_grace_and_sees_removal() -> None:
+    async with h.running(container_status=AUTO, beside=True, kubelet_field_grace=GRACE) as t:
+        kubelet = KubeletStatusManager(t.server)  # gate off: removes what it finds
+        async with kubelet.running(PERIOD):
+            t.pod_with_gpu("p1", "gpu-0")
+            await eventually(lambda: t.pods.claims_synced)
+            t.report("gpu-0", H.UNHEALTHY, "ECC error")
+            await eventually(lambda: (t.condition("p1") or {}).get("status") == "False")
+            assert not _first_write_sets_field(t.server, "p1")
+            await eventually(lambda: t.writer.stats.kubelet_removes, timeout=10)
+            await h.settled(t)
+        assert _field_writes(t.server, "p1") == 1
+        assert _node_reasons(t.server) == [REMOVES]
+
+
+async def test_auto_beside_a_silent_kubelet_writes_the_field_after_the_grace() -> None:
+    async with h.running(container_status=AUTO, beside=True, kubelet_field_grace=GRACE) as t:
+        t.pod_with_gpu("p1", "gpu-0")
+        await eventually(lambda: t.pods.claims_synced)
+        t.report("gpu-0", H.UNHEALTHY)
+        await eventually(lambda: (t.condition("p1") or {}).get("status") == "False")
+        assert not _first_write_sets_field(t.server, "p1")
+        await eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+        assert t.writer.stats.kubelet_owned_pods == 0
+
+
+async def test_auto_without_a_kubelet_writes_the_field_in_the_first_write() -> None:
+    async with h.running(container_status=AUTO, kubelet_field_grace=GRACE) as t:
+        t.pod_with_gpu("p1", "gpu-0")
+        await eventually(lambda: t.pods.claims_synced)
+        t.report("gpu-0", H.UNHEALTHY)
+        await eventually(lambda: bool(t.healths("p1")))
+        assert _first_write_sets_field(t.server, "p1")

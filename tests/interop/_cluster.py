@@ -230,7 +230,8 @@ class SidecarProcess:
         self.argv = [
             sys.executable, "-m", "kubelet_dra", "run", "--node-name", node,
             "--kubeconfig", str(kubeconfig), "--plugins-registry", str(registry),
-            "--state-dir", str(state_dir), "--metrics-address", "127.0.0.1:0", *flags,
+            "--state-dir", str(state_dir), "--metrics-address", "127.0.0.1:0",
+            "--kubelet-root-dir", "", *flags,  # not the host's kubelet; a test's flag wins
         ]  # fmt: skip
         self.env = sidecar_env(**(env or {}))
         self.lines: list[str] = []

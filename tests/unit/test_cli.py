@@ -55,6 +55,7 @@ CASES = [
         pathlib.Path("/srv/kubelet"),
         None,
     ),
+    ("--kubelet-field-grace", "0", "5", "kubelet_field_grace", 0.0, 5.0),
     ("--health-timeout", "7", "9.5", "health_timeout", 7.0, 9.5),
     (
         "--container-status",
@@ -97,6 +98,7 @@ DEFAULTS = {
     "plugins_registry": pathlib.Path("/var/lib/kubelet/plugins_registry"),
     "state_dir": pathlib.Path("/var/lib/kubelet-dra-health"),
     "kubelet_root_dir": pathlib.Path("/var/lib/kubelet"),
+    "kubelet_field_grace": 20.0,
     "health_timeout": 30.0,
     "container_status": settings.ContainerStatusMode.AUTO,
     "pod_condition_type": "DeviceHealthy",

@@ -175,6 +175,18 @@ def test_before_any_write_only_foreign_ids_tell_the_kubelet_writes() -> None:
     assert podstate.kubelet_verdict(None, _pod(3), _desired()) is V.NOBODY
 
 
+def test_beside_a_kubelet_entries_we_did_not_write_are_the_kubelets() -> None:
+    # With the kubelet's checkpoint our IDs equal its own: a restarted sidecar sees them.
+    beside = {"kubelet_beside": True}
+    assert podstate.kubelet_verdict(None, _pod(3, OURS), _desired(), **beside) is V.KUBELET_WRITES
+    assert podstate.kubelet_verdict(None, _pod(3, OTHER), _desired(), **beside) is V.KUBELET_WRITES
+    assert podstate.kubelet_verdict(None, _pod(3, PLUGIN), _desired(), **beside) is V.NOBODY
+    assert podstate.kubelet_verdict(None, _pod(3), _desired(), **beside) is V.NOBODY
+    # Once we wrote, what we wrote is ours: an untouched field is nobody's.
+    written = _written(_pod(5, OURS))
+    assert podstate.kubelet_verdict(written, _pod(6, OURS), _desired(), **beside) is V.NOBODY
+
+
 def test_a_second_change_before_the_due_time_keeps_the_earlier_time() -> None:
     states = podstate.PodStates()
     state = states.put(pod("a"))
