@@ -63,7 +63,8 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, pathlib.
     os.environ.setdefault("SOURCE_DATE_EPOCH", str(build.source_date_epoch()))
     first = build.build(base / "first", cache)
     second = build.build(base / "second", cache)
-    print(f"\nimage builds: {first['build_seconds']} s then {second['build_seconds']} s")
+    print(f"\nimage builds: {first['build_seconds']} s then {second['build_seconds']} s, "
+          f"digests {first['digest']} {second['digest']}")  # fmt: skip
     return first, second, base / "first"
 
 
