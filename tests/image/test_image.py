@@ -141,7 +141,7 @@ async def _check_running(name: str, api: FakeApiServer, driver: FakeDriver, url:
     await eventually(lambda: answers("/healthz"), what="/healthz 200", timeout=60)
     await eventually(lambda: answers("/readyz"), what="/readyz 200", timeout=60)
     await eventually(lambda: health_of(api, "train-b", "gpu-1") == "Unhealthy", timeout=30)
-    assert health_of(api, "train-a", "gpu-0") == "Healthy"
+    await eventually(lambda: health_of(api, "train-a", "gpu-0") == "Healthy", timeout=30)
     # A report sent while it runs reaches the pod too: the stream is live.
     await driver.set_health(device("gpu-0", "Unhealthy", message="XID 79"), device("gpu-1"))
     await eventually(lambda: health_of(api, "train-a", "gpu-0") == "Unhealthy", timeout=30)
