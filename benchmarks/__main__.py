@@ -49,7 +49,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--compare",
         metavar="BASELINE.json",
         help="compare each summary ratio with a saved --json run; exit 3 if one got "
-        f"more than {_compare.TOLERANCE:.0%} worse",
+        f"more than {_compare.TOLERANCE:.0%}% worse",  # "%%": argparse formats help with %
     )
     return parser.parse_args(argv)
 

@@ -7,7 +7,7 @@ pipeline, on protobuf responses of 100 devices decoded from the wire as the
 stream delivers them, with sweeps alternating two health patterns as the
 ``ingest`` scenario's driver sends them:
 
-- ``convert``: ``_streams.convert`` of every response of a sweep;
+- ``convert``: ``streams.convert`` of every response of a sweep;
 - ``cache``: ``HealthCache.update_entries`` of each, staging into the store;
 - ``flush``: one ``HealthStore.flush`` of the sweep (every device one row);
 - ``floor``: reading every field of every device into a dict, what the
@@ -29,7 +29,7 @@ import tempfile
 import time
 from typing import Any
 
-from kubelet_dra import _streams, healthinfo, models, store
+from kubelet_dra import healthinfo, models, store, streams
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as pb
 
 CHUNK = 100
@@ -64,7 +64,7 @@ def ingest(devices: int) -> dict[str, float]:
         now = 1000.0
         for k, sweep in enumerate(sweeps):
             t0 = time.process_time()
-            converted = [_streams.convert(r.devices, max_devices=CHUNK) for r in sweep]
+            converted = [streams.convert(r.devices, max_devices=CHUNK) for r in sweep]
             t1 = time.process_time()
             for c in converted:
                 cache.update_entries("drv", c.entries, now=now, endpoint="/e")

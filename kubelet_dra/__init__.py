@@ -150,16 +150,6 @@ __all__ = [
     "truncate_message",
 ]
 
-# Where the tool subcommands lived before ``kubelet_dra.commands``: private
-# modules, kept importable as ``from kubelet_dra import cachecmd`` so that code
-# written against the flat layout keeps working. No files at the old paths, so
-# that git follows the moves.
-_MOVED = {
-    "cachecmd": "kubelet_dra.commands.cache",
-    "demo": "kubelet_dra.commands.demo",
-    "watchcmd": "kubelet_dra.commands.watch",
-}
-
 
 def __getattr__(name: str) -> object:
     if name in _LAZY:
@@ -167,8 +157,6 @@ def __getattr__(name: str) -> object:
         value = getattr(importlib.import_module(module), attribute)
         globals()[name] = value
         return value
-    if name in _MOVED:
-        return importlib.import_module(_MOVED[name])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

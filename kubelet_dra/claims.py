@@ -23,9 +23,12 @@ Kubelet rules kept exactly:
   name recorded in the status for a template (:func:`resolve_claim_name`);
 - a container claim with a ``request`` sees only devices whose request names
   contain its base request (the part before the first ``/``); a device with no
-  request names is seen by every request (:meth:`PreparedDevice.serves`). We
-  compare base names on both sides, so a result named ``req/sub`` (a
-  subrequest, as the API spells allocation results) still serves ``req``;
+  request names is seen by every request (:meth:`PreparedDevice.serves`). The
+  container's side is always cut to its base request; the device's names are
+  compared as stored. A claim read from the API is stored under the base
+  request of each result (an allocation result ``req/sub``, a subrequest,
+  serves ``req``), while names a driver returned are kept as it returned them,
+  as the kubelet keeps them (a driver that answers ``req/sub`` serves no one);
 - devices are matched by driver, pool and device only: a shared device
   (different share IDs) notifies every pod that uses it.
 

@@ -6,7 +6,7 @@ The only module that configures logging and handles signals. Subcommands:
   read from its environment variable through ``settings.Settings``;
 - ``demo``: the whole pipeline on one machine (``commands/demo.py``);
 - ``watch``: tail a driver's health stream (``commands/watch.py``);
-- ``fake-driver``: run the test kit's DRA driver (``testing/fakedriver.py``);
+- ``fake-driver``: run the test kit's DRA driver (``testing/fakedriver_control.py``);
 - ``cache show``: read a health cache offline (``commands/cache.py``).
 
 Exit codes: 0 success, 1 runtime failure, 2 bad flags or configuration.
@@ -190,11 +190,11 @@ def _add_optional_commands(commands: Any) -> None:
     # Each tool registers itself; imported here so `run` does not pay for them
     # (build_parser("run") leaves them out).
     from kubelet_dra.commands import demo, watch
-    from kubelet_dra.testing import fakedriver
+    from kubelet_dra.testing import fakedriver_control
 
     demo.add_parser(commands)
     watch.add_watch_parser(commands)
-    fakedriver.add_fake_driver_parser(commands)
+    fakedriver_control.add_fake_driver_parser(commands)
 
 
 def run_settings(ns: argparse.Namespace) -> settings_mod.Settings:

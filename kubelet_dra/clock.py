@@ -33,9 +33,10 @@ class Clock(Protocol):
 async def sleep_or_wake(clock: Clock, delay: float, wake: asyncio.Event) -> None:
     """Wait ``delay`` seconds of ``clock``'s time or until ``wake`` is set, whichever is first.
 
-    The loops that write on a schedule (status writer, taint bridge) sleep this way so a change
-    marked meanwhile, due earlier than the planned round, is not kept waiting. ``wake`` is left
-    as it is: each caller clears it where its loop reads it.
+    The taint bridge's reconcile loop sleeps this way so a change marked meanwhile, due
+    earlier than the planned round, is not kept waiting (the status writer has its own
+    alarm, ``_arm``/``_ring``, and the plugin manager's deadline task its own wait).
+    ``wake`` is left as it is: each caller clears it where its loop reads it.
     """
     if delay <= 0:
         return

@@ -90,7 +90,7 @@ Entry = tuple[models.HealthStatus, str, int, int]
 """One reported device without its name: health, message, timeout_seconds, driver_time
 (the fields of :class:`models.DeviceReport` after its key)."""
 Entries = Mapping[Key, Entry]
-"""One report as the stream converts it (``_streams.convert``) and the cache applies it:
+"""One report as the stream converts it (``streams.convert``) and the cache applies it:
 each device once, keyed as the cache keys a driver's records, in report order."""
 StagedKey = tuple[str, str, str]
 """(driver, pool, device): a :class:`models.DeviceKey` or a plain tuple equal to it
@@ -197,7 +197,7 @@ class HealthCache:
 
         As :meth:`update_entries`, but a device named twice is applied twice,
         in report order, as the kubelet's loop does (the last wins; a change
-        between the two counts). Streams never do that: ``_streams.convert``
+        between the two counts). Streams never do that: ``streams.convert``
         keeps the last entry and counts a ``duplicate``.
         """
         items = [((r[0], r[1]), (r[2], r[3], r[4], r[5])) for r in reports]

@@ -468,17 +468,3 @@ class DRAHealthManager:
         if self.writer.stats.kubelet_removes:
             notes["container_status"] = self.writer.kubelet.note()
         return notes
-
-
-def __getattr__(name: str) -> Any:
-    # Old import paths (``kubelet_dra.manager.Sidecar``) of the classes that
-    # moved to their own modules; imported lazily, since both import this one.
-    if name == "Sidecar":
-        from kubelet_dra.sidecar import Sidecar
-
-        return Sidecar
-    if name == "SyncRunner":
-        from kubelet_dra.syncrunner import SyncRunner
-
-        return SyncRunner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ Counterpart of the kubelet's ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``
 :class:`PluginManager` receives ``registration.PluginEvent`` values through
 :meth:`PluginManager.handle` and runs one task per endpoint that
 advertises a health service. That task consumes the events of
-``_streams.watch`` (the stream's state machine) and applies each in one
+``streams.watch`` (the stream's state machine) and applies each in one
 place, :meth:`PluginManager._apply`: a report goes into the
 ``healthinfo.HealthCache``, the end of a stream only tells the cache that the
 endpoint no longer streams; the devices whose visible state changed go to
@@ -41,14 +41,14 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
-from kubelet_dra import _streams, healthinfo, models, registration
 from kubelet_dra import clock as clock_mod
+from kubelet_dra import healthinfo, models, registration, streams
 from kubelet_dra import settings as settings_mod
 
 logger = logging.getLogger(__name__)
 
-StreamState = _streams.StreamState
-EndpointStatus = _streams.EndpointStatus
+StreamState = streams.StreamState
+EndpointStatus = streams.EndpointStatus
 OnChange = Callable[[list[models.DeviceKey]], Awaitable[None]]
 _EPSILON = 0.001  # leases expire strictly after their deadline
 STOP_TIMEOUT = 3.0
@@ -243,11 +243,11 @@ class PluginManager:
         if entry.status is not None:
             # Set here too: a task cancelled before it ever ran never set it.
             entry.status.state = StreamState.STOPPED
-            await self._apply(entry.status, _streams.Ended(_streams.Outcome.STOPPED))
+            await self._apply(entry.status, streams.Ended(streams.Outcome.STOPPED))
 
     async def _consume(self, plugin: registration.PluginInfo, status: EndpointStatus) -> None:
         """The endpoint's task: apply every event of its stream until the stream returns."""
-        events = _streams.watch(
+        events = streams.watch(
             plugin, status, settings=self._settings, clock=self._clock, rng=self._rng
         )
         async with contextlib.aclosing(events):
@@ -256,10 +256,10 @@ class PluginManager:
 
     # -- stream events -----------------------------------------------------
 
-    async def _apply(self, status: EndpointStatus, event: _streams.StreamEvent) -> None:
+    async def _apply(self, status: EndpointStatus, event: streams.StreamEvent) -> None:
         """The one place where a stream event changes the cache and notifies ``on_change``."""
         try:
-            if isinstance(event, _streams.Report):
+            if isinstance(event, streams.Report):
                 changed = self._record(status, event.converted)
             else:
                 changed = self.cache.end_endpoint(status.driver, status.endpoint, self._clock.now())
@@ -276,7 +276,7 @@ class PluginManager:
         await self._notify(changed)
 
     def _record(
-        self, status: EndpointStatus, converted: _streams.Converted
+        self, status: EndpointStatus, converted: streams.Converted
     ) -> list[models.DeviceKey]:
         self._count_problems(status, converted)
         if converted.refused is not None:
@@ -294,7 +294,7 @@ class PluginManager:
         self._poke_deadline()
         return changed
 
-    def _count_problems(self, status: EndpointStatus, converted: _streams.Converted) -> None:
+    def _count_problems(self, status: EndpointStatus, converted: streams.Converted) -> None:
         for reason, count in converted.problems.items():
             self.refused[status.driver, reason] += count
             status.log_once(

@@ -12,7 +12,8 @@ cache as JSON rewritten (temp file + rename, no fsync) on every change. Here:
 - writes are staged in memory (the latest record per device wins) and
   committed in one transaction by :meth:`HealthStore.flush`, so a flood of
   reports costs one commit per flush, not per device. The batch is sent to
-  SQLite as multi-row ``REPLACE ... VALUES`` statements of :data:`CHUNK` rows
+  SQLite as multi-row ``INSERT ... VALUES ... ON CONFLICT DO UPDATE`` statements
+  of :data:`CHUNK` rows
   with bound parameters, each value's JSON text formatted directly (see
   :func:`_value_text`), instead of sqlitedict's one-queue-round-trip-per-row
   ``update``;

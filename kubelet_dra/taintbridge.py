@@ -5,7 +5,7 @@ No kubelet counterpart (the kubelet stops at pod status); the pattern is KEP-505
 an effect. :class:`TaintBridge` runs as one task of the manager:
 
 1. **Start**: load the tracks (``_taint_state``), wait until the streams are primed (the
-   manager starts it after ``startup_grace``), discover the API version (``_taint_api``)
+   manager starts it after ``startup_grace``), discover the API version (``kube.taintrules``)
    and list this node's rules by label. If no version serves ``devicetaintrules``, or the
    API answers 403 (RBAC or the admission policy), the bridge turns *off*: one log line,
    the ``kubelet_dra_taint_bridge{state="off"}`` metric and a ``/readyz`` detail naming
@@ -33,9 +33,10 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubelet_dra import _taint_api, _taint_state, claims, errors, kube, metrics, models, taints
+from kubelet_dra import _taint_state, claims, errors, kube, metrics, models, taints
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
+from kubelet_dra.kube import taintrules
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,8 @@ class TaintBridge:
         devices: Callable[[], Iterable[models.DeviceKey]],
         resource_ids: Callable[[models.DeviceKey], tuple[str, str]] | None = None,
         budget: SharedBudget | None = None,
-        api_factory: Callable[[Any, str], _taint_api.TaintApi] = _taint_api.TaintApi,
-        discover: Callable[[Any], str | None] = _taint_api.discover,
+        api_factory: Callable[[Any, str], taintrules.TaintRules] = taintrules.TaintRules,
+        discover: Callable[[Any], str | None] = taintrules.discover,
     ) -> None:
         self.node = node
         self.thresholds = taints.Thresholds(
@@ -112,7 +113,7 @@ class TaintBridge:
             qps=settings.api_qps, burst=settings.api_burst, clock=clock
         )
         self._api_factory, self._discover = api_factory, discover
-        self._api: _taint_api.TaintApi | None = None
+        self._api: taintrules.TaintRules | None = None
         self._store = _taint_state.TaintState(settings.state_dir)
         self._window = settings.write_window
         self._resync = settings.taint_resync_interval
@@ -196,8 +197,8 @@ class TaintBridge:
                 version = await asyncio.to_thread(self._discover, self._client)
                 if version is None:
                     raise BridgeOff(
-                        f"API: {_taint_api.GROUP} serves no {_taint_api.RESOURCE} in "
-                        f"{', '.join(_taint_api.VERSIONS)} (Kubernetes 1.33+ with "
+                        f"API: {taintrules.GROUP} serves no {taintrules.RESOURCE} in "
+                        f"{', '.join(taintrules.VERSIONS)} (Kubernetes 1.33+ with "
                         "DRADeviceTaintRules; GA in 1.37)"
                     )
                 self._api = self._api_factory(self._client, version)
@@ -205,7 +206,7 @@ class TaintBridge:
             except BridgeOff as exc:
                 self._turn_off(exc.detail)
                 return False
-            except _taint_api.TaintApiError as exc:
+            except kube.CallError as exc:
                 if exc.status == 403:
                     self._turn_off(_forbidden(exc))
                     return False
@@ -221,7 +222,7 @@ class TaintBridge:
             elif self.version is None:
                 logger.info(
                     "taint bridge on: %s/%s, effect %s, key %s, node %s",
-                    _taint_api.GROUP, version, self.thresholds.effect, self.thresholds.key,
+                    taintrules.GROUP, version, self.thresholds.effect, self.thresholds.key,
                     self.node,
                 )  # fmt: skip
             self.version = version
@@ -283,7 +284,7 @@ class TaintBridge:
             if self._rules is None or self._clock.now() >= self._resync_at:
                 await self._relist()
             await self._apply()
-        except _taint_api.TaintApiError as exc:
+        except kube.CallError as exc:
             if exc.status == 403:
                 self._turn_off(_forbidden(exc))
                 return
@@ -376,7 +377,7 @@ class TaintBridge:
             )
             try:
                 created = await self._write("create", api.create, body)
-            except _taint_api.TaintApiError as exc:
+            except kube.CallError as exc:
                 if exc.status != 409:
                     raise
                 # The name exists: ours from a create whose answer was lost, or someone
@@ -411,7 +412,7 @@ class TaintBridge:
                 "delete", api.delete, name, str(meta.get("uid", "")),
                 str(meta.get("resourceVersion", "")),
             )  # fmt: skip
-        except _taint_api.TaintApiError as exc:
+        except kube.CallError as exc:
             if exc.status != 404:
                 raise
         assert self._rules is not None
@@ -424,14 +425,14 @@ class TaintBridge:
         await self._budget.acquire_spare()
         try:
             answer = await asyncio.to_thread(fn, *args)
-        except _taint_api.TaintApiError as exc:
+        except kube.CallError as exc:
             if not (op == "delete" and exc.status == 404):
                 self.writes[(op, "failed")] += 1
             raise
         self.writes[(op, "ok")] += 1
         return answer
 
-    def _require_api(self) -> _taint_api.TaintApi:
+    def _require_api(self) -> taintrules.TaintRules:
         if self._api is None:
             raise errors.KubeletDraError("taint bridge used before discovery")
         return self._api
@@ -496,8 +497,8 @@ def _node_ref(node: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Node", "name": node, "namespace": "default", "uid": node}
 
 
-def _forbidden(exc: _taint_api.TaintApiError) -> str:
+def _forbidden(exc: kube.CallError) -> str:
     return (
         f"RBAC or admission: {exc} (the ClusterRole needs create, list, update and delete on "
-        f"{_taint_api.GROUP} {_taint_api.RESOURCE}; see deploy/clusterrole.yaml)"
+        f"{taintrules.GROUP} {taintrules.RESOURCE}; see deploy/clusterrole.yaml)"
     )

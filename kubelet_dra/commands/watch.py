@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import grpc
 
-from kubelet_dra import _streams, clock, errors, healthinfo, registration, settings
+from kubelet_dra import clock, errors, healthinfo, registration, settings, streams
 
 _ENUM_NAMES = {0: "Unknown", 1: "Healthy", 2: "Unhealthy"}
 _MESSAGE_COLUMN = 60
@@ -142,7 +142,7 @@ class Advisor:
             seen.add(key)
             warnings += self._device_warnings(key, dh, now)
         warnings += self._missing(seen, now)
-        converted = _streams.convert(response.devices, max_devices=1 << 30)
+        converted = streams.convert(response.devices, max_devices=1 << 30)
         for reason in sorted(set(converted.problems) & {"empty_name", "duplicate"}):
             warnings.append(
                 f"report has {reason.replace('_', ' ')} entries; the kubelet drops them"
@@ -212,7 +212,7 @@ async def _watch_one(plugin: registration.PluginInfo, options: Options, out: Tex
     advisor, printed = Advisor(plugin.driver), False
     async with grpc.aio.insecure_channel(f"unix:{plugin.endpoint}") as channel:
         try:
-            async for response in _streams.open_watch(channel, plugin.health_service):
+            async for response in streams.open_watch(channel, plugin.health_service):
                 now = time.time()
                 _render(
                     out,

@@ -1,7 +1,11 @@
 """The Kubernetes side: the node's pods and their claims in, pod status and Events out.
 
-The only package that talks to the API; nothing else imports ``kubernetes``.
-Its modules: ``api`` (the calls, on plain JSON), ``asyncpatch`` (the status
+The only package of the library that talks to the API: outside it only
+``kubectl/`` (the plugin, on this package's calls) and ``testing/`` import
+``kubernetes`` (an import-linter contract, ``tox -e lint``, checks it).
+Its modules: ``api`` (the calls, on plain JSON: the one error translation,
+call wrapper and paging helper), ``taintrules`` (DeviceTaintRules and their
+version discovery, for the taint bridge and the kubectl plugin), ``asyncpatch`` (the status
 PATCH's HTTP/1.1 client on the event loop), ``pods`` (:class:`NodePods`),
 ``writer`` (:class:`StatusWriter`) with its parts ``patchplan`` (the JSON
 patch, planned purely), ``podstate`` (per-pod state, one object per pod),

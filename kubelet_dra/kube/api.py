@@ -1,15 +1,18 @@
 """Blocking calls to the Kubernetes API on plain JSON, errors translated.
 
-Part of ``kube``: with ``kube.asyncpatch`` (which reads the same client's
-``Configuration``) the only other module importing ``kubernetes``.
+The package's one API layer: the error translation (:func:`translate`), the call
+wrapper and the paging helper (:func:`pages`) that ``kube.taintrules`` and the
+kubectl plugin use too. With ``kube.asyncpatch`` (which reads the same client's
+``Configuration``), ``kubectl/`` and ``testing/``, the only code importing
+``kubernetes`` (an import-linter contract in pyproject.toml says so).
 Every call asks the official client for the raw response
 (``_preload_content=False``) and decodes the JSON itself, so no ``V1Pod``
 ever exists and fields the client's models do not know (a newer API's
 ``allocatedResourcesStatus.message``, say) survive untouched.
 
 Client exceptions become :class:`CallError` (an ``errors.ApiError`` with the
-HTTP status, ``None`` for a lost connection, and ``Retry-After`` when the
-server sent one); a 404 on a pod becomes ``errors.PodGone``. Which failures
+HTTP status, ``None`` for a lost connection, ``Retry-After`` when the server
+sent one, and the server's own message); a 404 on a pod becomes ``errors.PodGone``. Which failures
 are worth retrying is said once, by :func:`is_transient`. The callers in
 ``kube.pods`` and ``kube.writer`` run these through ``asyncio.to_thread``,
 except the pod status PATCH, which :meth:`Api.json_patch_pod_status_async`
@@ -50,10 +53,18 @@ class CallError(errors.ApiError):
     """An API call failed; ``status`` is ``None`` when the connection was lost."""
 
     def __init__(
-        self, message: str, *, status: int | None = None, retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        server_message: str = "",
     ) -> None:
         super().__init__(message, status=status)
         self.retry_after = retry_after
+        # The Status object's ``message`` (else the body's text), for callers that word
+        # their own line (the kubectl plugin); "" for a lost connection.
+        self.server_message = server_message
 
     @property
     def transient(self) -> bool:
@@ -167,9 +178,9 @@ class Api:
         ]  # fmt: skip
         return self._watch(
             f"watch pods on node {node}",
-            lambda: self._request(
-                "GET", "/api/v1/pods", query=query, timeout=(_TIMEOUT[0], timeout + 30)
-            ),
+            "/api/v1/pods",
+            query,
+            (_TIMEOUT[0], timeout + 30),
             on_open,
         )
 
@@ -267,6 +278,47 @@ class Api:
             ),
         )  # fmt: skip
 
+    # -- any resource ----------------------------------------------------------
+
+    def get_json(
+        self,
+        what: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        *,
+        timeout: tuple[float, float] = _TIMEOUT,
+    ) -> dict[str, Any]:
+        """GET ``path`` as JSON, errors translated (``kube.taintrules``, the kubectl plugin)."""
+        return self._call(what, lambda: self._request("GET", path, query=query, timeout=timeout))
+
+    def send_json(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """Any other verb on ``path`` with a JSON body, errors translated."""
+        return self._call(
+            what,
+            lambda: self._request(method, path, query=query, body=body, content_type=content_type),
+        )
+
+    def open_stream(
+        self, what: str, path: str, query: list[tuple[str, str]], *, timeout: tuple[float, float]
+    ) -> Any:
+        """A GET whose raw response the caller reads (a watch); release it when done."""
+        self.calls += 1
+        try:
+            return self._request("GET", path, query=query, timeout=timeout)
+        except ApiException as exc:
+            raise translate(what, exc) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise CallError(f"{what}: connection lost ({exc})") from exc
+
     # -- requests ------------------------------------------------------------
 
     def _request(
@@ -303,20 +355,19 @@ class Api:
             data: dict[str, Any] = json.loads(response.data or b"{}")
             return data
         except ApiException as exc:
-            raise _translate(what, exc, pod=pod) from exc
+            raise translate(what, exc, pod=pod) from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             raise CallError(f"{what}: connection lost ({exc})") from exc
 
     def _watch(
-        self, what: str, open_: Callable[[], Any], on_open: Callable[[Any], None]
+        self,
+        what: str,
+        path: str,
+        query: list[tuple[str, str]],
+        timeout: tuple[float, float],
+        on_open: Callable[[Any], None],
     ) -> Iterator[dict[str, Any]]:
-        self.calls += 1
-        try:
-            response = open_()
-        except ApiException as exc:
-            raise _translate(what, exc) from exc
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise CallError(f"{what}: connection lost ({exc})") from exc
+        response = self.open_stream(what, path, query, timeout=timeout)
         on_open(response)
         try:
             yield from _events(what, response)
@@ -372,7 +423,28 @@ def _event(what: str, line: bytes) -> dict[str, Any]:
     return event
 
 
-def _translate(what: str, exc: ApiException, *, pod: bool = False) -> errors.ApiError:
+def pages(
+    get: Callable[[list[tuple[str, str]]], dict[str, Any]],
+    query: list[tuple[str, str]],
+    limit: int,
+) -> Iterator[dict[str, Any]]:
+    """A list's pages, ``limit`` items each, following ``metadata.continue`` to the end.
+
+    ``get(query)`` fetches one page; the last page's ``metadata`` carries the list's
+    ``resourceVersion``.
+    """
+    token = ""
+    while True:
+        page_query = [*query, ("limit", str(limit))]
+        page = get([*page_query, ("continue", token)] if token else page_query)
+        yield page
+        token = str((page.get("metadata") or {}).get("continue") or "")
+        if not token:
+            return
+
+
+def translate(what: str, exc: ApiException, *, pod: bool = False) -> errors.ApiError:
+    """The one translation of the official client's ``ApiException`` (status 0: no answer)."""
     status = int(exc.status) if exc.status else None
     return _error(what, status, exc.reason, exc.body, exc.headers, pod=pod)
 
@@ -387,19 +459,35 @@ def _error(
     pod: bool = False,
 ) -> errors.ApiError:
     """The error for a non-2xx answer, whichever transport brought it."""
-    message = f"{what}: HTTP {status} {_reason(reason, body)}"
+    said = _server_message(body)
+    message = f"{what}: HTTP {status} {said if said is not None else reason}"
     if pod and status == 404:
         return errors.PodGone(message, status=404)
     if status == 410:
-        return Gone(message, status=410)
-    return CallError(message, status=status, retry_after=_retry_after(headers))
+        return Gone(message, status=410, server_message=said or "")
+    return CallError(
+        message, status=status, retry_after=_retry_after(headers), server_message=_text(body, said)
+    )
 
 
-def _reason(reason: object, body: str | bytes | None) -> str:
+def _server_message(body: str | bytes | None) -> str | None:
+    """The Status object's ``message``; ``None`` if the body has none (or is no JSON)."""
     try:
-        return str(json.loads(body or "{}").get("message") or reason)
+        message = json.loads(body or "{}").get("message")
     except (ValueError, AttributeError):
-        return str(reason)
+        return None
+    return str(message) if message else None
+
+
+def _text(body: str | bytes | None, said: str | None) -> str:
+    if said is not None:
+        return said
+    try:
+        json.loads(body or "{}")
+    except ValueError:
+        raw = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
+        return raw.strip()[:200]
+    return ""
 
 
 def _retry_after(headers: Any) -> float | None:

@@ -1,4 +1,4 @@
-"""Status PATCHes on the event loop: a small keep-alive HTTP/1.1 client over asyncio streams.
+"""Status PATCHes on the event loop: a keep-alive HTTP/1.1 client, h11 over asyncio streams.
 
 Part of ``kube``. Kubelet counterpart: client-go's HTTP transport, which the
 kubelet's status manager sends its patches through without leaving its
@@ -21,12 +21,16 @@ proxy, or socket options the client was told to use, make
 :meth:`Transport.from_client` return ``None``: the caller keeps the urllib3
 path, which knows them.
 
-The wire protocol is the part of HTTP/1.1 an API server answers a PATCH
-with: a ``Content-Length`` or chunked body, keep-alive unless ``Connection:
-close``, interim 1xx answers skipped. ``Accept-Encoding`` is not sent, so
-bodies come unencoded. A response is an :class:`Answer`; turning a status
-into an error is the caller's (``kube.api``), so both paths raise the same
-``CallError``/``PodGone``.
+The wire protocol is h11's (the sans-IO HTTP/1.1 state machine under httpx):
+it frames the request, parses the answer (``Content-Length``, chunked or
+until close; interim 1xx answers skipped) and says whether the connection
+can carry the next request; this module only moves bytes and keeps the pool.
+Heads are capped at :data:`MAX_HEADER_BYTES` and bodies at
+:data:`MAX_BODY_BYTES` (:class:`BodyTooLarge`). ``Accept-Encoding`` is not
+sent, so bodies come unencoded. :func:`endpoint_of` is the one place that
+reads the connection and TLS settings from the client's ``Configuration``.
+A response is an :class:`Answer`; turning a status into an error is the
+caller's (``kube.api``), so both paths raise the same ``CallError``/``PodGone``.
 """
 
 from __future__ import annotations
@@ -40,10 +44,16 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import h11
+
 AUTH_TTL = 10.0
 """Seconds the request headers (with the bearer token) are reused before being asked for
 again; a refreshed token is picked up at most this late, and a 401 at once."""
 MAX_HEADER_BYTES = 64 * 1024
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""The largest answer body read: a pod (what a status PATCH answers) is at most about 1.5 MiB
+in etcd, so a bigger body is a server or proxy gone wrong, not a pod to keep in memory."""
+_READ_SIZE = 64 * 1024
 MAX_IDLE = 8
 """Idle connections kept (the writer sends at most ``write_concurrency`` at once)."""
 
@@ -66,9 +76,21 @@ class Answer:
 class _Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    http: h11.Connection = dataclasses.field(
+        default_factory=lambda: h11.Connection(
+            h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES
+        )
+    )
 
     def usable(self) -> bool:
         return not (self.reader.at_eof() or self.writer.is_closing())
+
+    def reusable(self) -> bool:
+        """Both sides ended their message and neither asked to close: start the next cycle."""
+        if self.http.our_state is h11.DONE and self.http.their_state is h11.DONE:
+            self.http.start_next_cycle()
+            return True
+        return False
 
     def close(self) -> None:
         self.writer.close()
@@ -76,6 +98,10 @@ class _Conn:
 
 class _Closed(TransportError):
     """The server closed the connection before answering (an idle keep-alive connection)."""
+
+
+class BodyTooLarge(TransportError):
+    """The answer's body is larger than :data:`MAX_BODY_BYTES`; the connection is dropped."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,14 +200,14 @@ class Transport:
         self, method: str, path: str, query: str, body: bytes, headers: Mapping[str, str]
     ) -> Answer:
         target = self._endpoint.prefix + path + (f"?{query}" if query else "")
-        head = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}"]
-        head += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in _OURS]
-        head += [f"Content-Length: {len(body)}", "", ""]
-        data = "\r\n".join(head).encode("latin-1") + body
+        fields = [("Host", self._host_header)]
+        fields += [(k, v) for k, v in headers.items() if k.lower() not in _OURS]
+        fields.append(("Content-Length", str(len(body))))
+        request = h11.Request(method=method, target=target, headers=fields)
         conn, reused = await self._take()
         try:
             try:
-                answer = await self._exchange(conn, data)
+                answer = await self._exchange(conn, request, body)
             except _Closed:
                 if not reused:
                     raise
@@ -191,11 +217,11 @@ class Transport:
                 # second time (a 422 the writer handles), never apply twice.
                 conn.close()
                 conn = await self._connect()
-                answer = await self._exchange(conn, data)
+                answer = await self._exchange(conn, request, body)
         except BaseException:
             conn.close()
             raise
-        if answer.headers.get("connection", "").lower() == "close" or len(self._idle) >= MAX_IDLE:
+        if not conn.reusable() or len(self._idle) >= MAX_IDLE:
             conn.close()
         else:
             self._idle.append(conn)
@@ -215,7 +241,6 @@ class Transport:
             async with asyncio.timeout(self._connect_timeout):
                 reader, writer = await asyncio.open_connection(
                     ep.host, ep.port, ssl=ep.ssl, server_hostname=ep.server_hostname,
-                    limit=MAX_HEADER_BYTES,
                 )  # fmt: skip
         except TimeoutError as exc:
             raise TransportError(f"connecting to {ep.host}:{ep.port} timed out") from exc
@@ -226,80 +251,66 @@ class Transport:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return _Conn(reader, writer)
 
-    async def _exchange(self, conn: _Conn, data: bytes) -> Answer:
+    async def _exchange(self, conn: _Conn, request: h11.Request, body: bytes) -> Answer:
         try:
             async with asyncio.timeout(self._read_timeout):
-                conn.writer.write(data)
+                for event in (request, h11.Data(data=body), h11.EndOfMessage()):
+                    conn.writer.write(conn.http.send(event) or b"")
                 await conn.writer.drain()
-                return await _read_answer(conn.reader)
+                return await _read_answer(conn)
         except TimeoutError as exc:
             raise TransportError(f"no answer within {self._read_timeout:g} s") from exc
         except (ConnectionResetError, BrokenPipeError) as exc:
             raise _Closed(f"connection lost ({exc})") from exc
-        except (OSError, ssl.SSLError, asyncio.LimitOverrunError, ValueError) as exc:
+        except h11.RemoteProtocolError as exc:
+            raise TransportError(f"not an HTTP/1.1 answer: {exc}") from exc
+        except (OSError, ssl.SSLError, h11.LocalProtocolError) as exc:
             raise TransportError(f"connection lost ({exc})") from exc
 
 
 _OURS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 
 
-async def _read_answer(reader: asyncio.StreamReader) -> Answer:
+async def _read_answer(conn: _Conn) -> Answer:
+    """The next final answer on ``conn`` (1xx skipped), its body at most MAX_BODY_BYTES."""
+    response: h11.Response | None = None
+    body = bytearray()
+    received = 0
     while True:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError as exc:
-            if not exc.partial:
-                raise _Closed("the server closed the connection") from None
-            raise TransportError("the server closed the connection mid-answer") from exc
-        status, reason, headers = _parse_head(head)
-        if not 100 <= status < 200:
-            break  # 1xx: an interim answer, the real one follows
-    if status in (204, 304):
-        return Answer(status, reason, headers, b"")
-    try:
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            body = await _read_chunked(reader)
-        elif "content-length" in headers:
-            body = await reader.readexactly(int(headers["content-length"]))
-        else:
-            body = await reader.read()  # until the server closes
-            headers = {**headers, "connection": "close"}
-    except asyncio.IncompleteReadError as exc:
-        raise TransportError("the server closed the connection mid-answer") from exc
-    return Answer(status, reason, headers, body)
-
-
-def _parse_head(head: bytes) -> tuple[int, str, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    code, _, reason = rest.partition(" ")
-    if not version.startswith("HTTP/1.") or not code.isdigit():
-        raise TransportError(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
+        event = conn.http.next_event()
+        if event is h11.NEED_DATA:
+            data = await conn.reader.read(_READ_SIZE)
+            if not data and not received:
+                raise _Closed("the server closed the connection")
+            received += len(data)
+            conn.http.receive_data(data)  # b"": the server closed; h11 says what that means
+        elif isinstance(event, h11.Response):
+            response = event
+            _check_length(event)
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_BODY_BYTES:
+                raise BodyTooLarge(f"the answer's body exceeds {MAX_BODY_BYTES} bytes")
+        elif isinstance(event, h11.EndOfMessage):
+            break
+        elif isinstance(event, h11.ConnectionClosed):
+            raise TransportError("the server closed the connection mid-answer")
+        # h11.InformationalResponse: an interim answer, the real one follows
+    if response is None:  # pragma: no cover - h11 ends a message only after its head
+        raise TransportError("the server sent no answer")
     headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise TransportError(f"bad header line: {line[:80]!r}")
-        key = name.strip().lower()
-        value = value.strip()
+    for raw_name, raw_value in response.headers:
+        key, value = raw_name.decode("latin-1"), raw_value.decode("latin-1")
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    return int(code), reason, headers
+    return Answer(response.status_code, response.reason.decode("latin-1"), headers, bytes(body))
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        line = await reader.readuntil(b"\r\n")
-        size = int(line.split(b";", 1)[0].strip(), 16)
-        if size == 0:
-            # Trailers (none expected) end with an empty line.
-            while await reader.readuntil(b"\r\n") != b"\r\n":
-                pass
-            return b"".join(parts)
-        parts.append(await reader.readexactly(size))
-        await reader.readexactly(2)  # the chunk's CRLF
+def _check_length(response: h11.Response) -> None:
+    for name, value in response.headers:
+        if name == b"content-length" and int(value) > MAX_BODY_BYTES:
+            raise BodyTooLarge(
+                f"the answer's body ({int(value)} bytes) exceeds {MAX_BODY_BYTES} bytes"
+            )
 
 
 def endpoint_of(config: Any) -> Endpoint | None:

@@ -1,7 +1,8 @@
 """API requests under one QPS/burst limit, retried while the failure is transient.
 
 Part of ``kube``. Kubelet counterparts: client-go's token bucket rate limiter
-(``util/flowcontrol``), which every kubelet request passes, and the retries
+(``util/flowcontrol``), which every kubelet request passes (here only the writes
+do: status PATCHes, Events and the taint bridge's rules), and the retries
 its status manager makes. Retries run through tenacity on the injected clock,
 with jitter from an injected ``random.Random``; which failures are retried is
 ``api.is_transient``'s rule (5xx, 429, lost connections), and a server's
@@ -26,8 +27,9 @@ from kubelet_dra.kube import api as kube_api
 class TokenBucket:
     """QPS/burst limiter on the injected clock (client-go's token bucket), two classes.
 
-    Ordinary requests (status writes, pod lists, claim reads) queue in FIFO
-    order. ``acquire(spare=True)`` (Events) takes a token only when no ordinary
+    Ordinary requests (status writes, DeviceTaintRule writes; pod lists and claim
+    reads only when ``NodePods`` is given the bucket, which the manager does not)
+    queue in FIFO order. ``acquire(spare=True)`` (Events) takes a token only when no ordinary
     request is waiting and more than half the burst would be left: Events use
     what the status writes leave, so Events never delay the status they
     describe, and under a sustained stream of changes they wait until it

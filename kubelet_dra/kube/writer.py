@@ -27,8 +27,9 @@ Coalescing: ``mark_dirty`` puts pods in a set with the time each is due. The
 window is leading-edge per pod: a pod not written within the last ``window``
 is due at once; later changes wait until a window after its last write and
 coalesce meanwhile. Each round writes every due pod's *latest* desired status
-once, under a QPS/burst token bucket shared with every other request, so each
-pod gets at most one write per window whatever the storm. Status writes take
+once, under a QPS/burst token bucket shared with the taint bridge's writes
+(the manager's ``SharedBudget``; pod lists, watches and claim reads do not take
+its tokens), so each pod gets at most one write per window whatever the storm. Status writes take
 the bucket's tokens first; Events are flushed by a task of their own and take
 only spare tokens (``calls.TokenBucket``), so they never delay a status write.
 
@@ -92,7 +93,6 @@ HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
 TERMINAL = frozenset({"Succeeded", "Failed"})
 RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
 MAX_CONFLICTS = 5
-TokenBucket = calls.TokenBucket  # kube.writer.TokenBucket, as before the split
 
 
 @dataclasses.dataclass
@@ -127,7 +127,7 @@ class StatusWriter:
         health: HealthLookup,
         config: settings.Settings,
         clock: clock_mod.Clock,
-        limiter: TokenBucket | None = None,
+        limiter: calls.TokenBucket | None = None,
         events: kube_events.EventRecorder | None = None,
         concurrency: int | None = None,
         max_attempts: int = 5,
@@ -145,8 +145,11 @@ class StatusWriter:
             node=node_name, clock=clock, interval=config.event_interval
         )
         self._rng = rng or random.Random()
+        limiter = limiter or calls.TokenBucket(
+            qps=config.api_qps, burst=config.api_burst, clock=clock
+        )
         self._calls = calls.RetryingCaller(
-            limiter=limiter or TokenBucket(qps=config.api_qps, burst=config.api_burst, clock=clock),
+            limiter=limiter,
             clock=clock, counts=self.stats, max_attempts=max_attempts, rng=self._rng,
         )  # fmt: skip
         self._gates = gates.ServerGates(node=node_name, events=self._events)

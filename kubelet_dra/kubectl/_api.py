@@ -1,22 +1,23 @@
 """Read-only calls of ``kubectl dra-health`` on plain JSON through the official client.
 
-Every request goes through ``ApiClient.param_serialize`` and ``call_api`` (the client's low
-level: its authentication, TLS and proxy settings apply) and the body is decoded with ``json``,
-so no model object is built: deserializing 10,000 ``V1Pod`` models took longer than the whole
-table may. Only GET is ever sent. Pods are listed in pages of ``limit`` items (kubectl's chunk
-size, 500) following ``continue``, with the field selector the command asks for.
+Every request goes through ``kube.api.Api`` (the package's one API layer: the client's low
+level ``param_serialize`` and ``call_api``, so its authentication, TLS and proxy settings
+apply, and one error translation) and the body is decoded with ``json``, so no model object
+is built: deserializing 10,000 ``V1Pod`` models took longer than the whole table may. Only
+GET is ever sent. Pods are listed in pages of ``limit`` items (kubectl's chunk size, 500)
+following ``continue`` (``kube.api.pages``), with the field selector the command asks for;
+the DeviceTaintRule version is the one ``kube.taintrules.discover_with`` finds.
 
-Errors become :class:`ToolError`, a one-line message: an unreachable server, 401, 403 and any
-other answer the command cannot do without. :meth:`Reader.claim` answers ``None`` for a claim
-that is gone, and :meth:`Reader.taint_rules` ``None`` when no DeviceTaintRule version is served
-or reading them is forbidden: both only leave columns empty.
+Errors (``kube.CallError``) become :class:`ToolError`, a one-line message: an unreachable
+server, 401, 403 and any other answer the command cannot do without. :meth:`Reader.claim`
+answers ``None`` for a claim that is gone, and :meth:`Reader.taint_rules` ``None`` when no
+DeviceTaintRule version is served or reading them is forbidden: both only leave columns empty.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
@@ -27,6 +28,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from kubelet_dra.claims import ClaimKey
+from kubelet_dra.kube import api as kube_api
+from kubelet_dra.kube import taintrules
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +37,11 @@ Obj = dict[str, Any]
 T = TypeVar("T")
 PAGE_SIZE = 500
 TIMEOUT = (10.0, 60.0)  # connect, read
-#: DeviceTaintRule versions, newest first (v1 from 1.37, v1beta2 in 1.36, v1alpha3 before).
-TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 #: Above this many claims, one paged list of claims replaces the GETs: thousands of GETs cost
 #: the client more than decoding every claim of the namespace (or cluster) once.
 CLAIM_GET_LIMIT = 2000
 _GET_THREADS = 8
-_RETRYABLE = (urllib3.exceptions.HTTPError, OSError, socket.timeout)
+_RETRYABLE = (urllib3.exceptions.HTTPError, OSError)
 
 
 class ToolError(Exception):
@@ -139,6 +140,7 @@ class Reader:
 
     def __init__(self, client: kubernetes.client.ApiClient, *, page_size: int = PAGE_SIZE) -> None:
         self._client = client
+        self._api = kube_api.Api(client, async_patch=False)
         self.page_size = page_size
 
     @property
@@ -177,7 +179,12 @@ class Reader:
         ]
         if field_selector:
             query.append(("fieldSelector", field_selector))
-        response = self._call(path, query, read_timeout=timeout_seconds + 30.0).response
+        try:
+            response = self._api.open_stream(
+                f"GET {path}", path, query, timeout=(TIMEOUT[0], timeout_seconds + 30.0)
+            )
+        except kube_api.CallError as exc:
+            raise self._tool_error(path, exc) from exc
         try:
             for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
                 if line:
@@ -213,18 +220,21 @@ class Reader:
 
     def taint_rules(self) -> list[Obj] | None:
         """DeviceTaintRules of the newest served version; ``None`` if none or forbidden."""
-        for version in TAINT_RULE_VERSIONS:
+        try:
             try:
-                rules = list(self._list_all(f"/apis/resource.k8s.io/{version}/devicetaintrules"))
-            except NotFound:
-                continue
-            except HttpError as exc:
-                if exc.status == 403:
-                    logger.info("DeviceTaintRules not shown: %s", exc)
-                    return None
-                raise
-            return rules
-        return None
+                version = taintrules.discover_with(self._api)
+            except kube_api.CallError as exc:
+                raise self._tool_error(f"/apis/{taintrules.GROUP}", exc) from exc
+            if version is None:
+                return None
+            return list(self._list_all(f"/apis/{taintrules.GROUP}/{version}/{taintrules.RESOURCE}"))
+        except NotFound:
+            return None
+        except HttpError as exc:
+            if exc.status == 403:
+                logger.info("DeviceTaintRules not shown: %s", exc)
+                return None
+            raise
 
     def pod_events(self, namespace: str, name: str, uid: str) -> list[Obj]:
         selector = f"involvedObject.kind=Pod,involvedObject.name={name}"
@@ -245,64 +255,36 @@ class Reader:
         self, path: str, field_selector: str = "", out: dict[str, str] | None = None
     ) -> Iterator[list[Obj]]:
         """A list page by page (``limit``/``continue``); ``out`` gets its final version."""
-        query: list[tuple[str, str]] = [("limit", str(self.page_size))]
-        if field_selector:
-            query.append(("fieldSelector", field_selector))
-        token = ""
-        while True:
-            page = self.get(path, [*query, ("continue", token)] if token else query)
+        query = [("fieldSelector", field_selector)] if field_selector else []
+        meta: Obj = {}
+        for page in kube_api.pages(lambda q: self.get(path, q), query, self.page_size):
             meta = page.get("metadata") or {}
             yield list(page.get("items") or ())
-            token = str(meta.get("continue") or "")
-            if not token:
-                if out is not None:
-                    out["resourceVersion"] = str(meta.get("resourceVersion") or "")
-                return
+        if out is not None:
+            out["resourceVersion"] = str(meta.get("resourceVersion") or "")
 
     def get(self, path: str, query: Sequence[tuple[str, str]] = ()) -> Obj:
-        data = self._call(path, query).read()
         try:
-            body = json.loads(data)
-        except ValueError as exc:
-            raise ToolError(f"GET {path}: the answer is not JSON: {exc}") from exc
+            body: object = self._api.get_json(f"GET {path}", path, list(query), timeout=TIMEOUT)
+        except kube_api.CallError as exc:
+            raise self._tool_error(path, exc) from exc
         if not isinstance(body, dict):
             raise ToolError(f"GET {path}: the answer is not a JSON object")
         return body
 
-    def _call(
-        self,
-        path: str,
-        query: Sequence[tuple[str, str]],
-        *,
-        read_timeout: float | None = None,
-    ) -> Any:
-        request = self._client.param_serialize(
-            method="GET",
-            resource_path=path,
-            query_params=list(query),
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        timeout = (TIMEOUT[0], read_timeout or TIMEOUT[1])
-        try:
-            response = self._client.call_api(*request, _request_timeout=timeout)
-        except ApiException as exc:  # TLS failures surface here with status 0
-            raise ToolError(f"cannot reach the API server at {self.host}: {exc.reason}") from exc
-        except _RETRYABLE as exc:
-            raise ToolError(f"cannot reach the API server at {self.host}: {_reason(exc)}") from exc
-        if 200 <= response.status < 300:
-            return response
-        raise _http_error(path, response.status, response.read())  # type: ignore[no-untyped-call]
+    def _tool_error(self, path: str, exc: kube_api.CallError) -> ToolError:
+        """The command's line for a failed call (the API layer's error, worded for a user)."""
+        if exc.status is not None:
+            return _http_error(path, exc.status, exc.server_message)
+        cause = exc.__cause__
+        if isinstance(cause, ValueError):
+            return ToolError(f"GET {path}: the answer is not JSON: {cause}")
+        if isinstance(cause, ApiException):  # TLS failures surface here with status 0
+            return ToolError(f"cannot reach the API server at {self.host}: {cause.reason}")
+        return ToolError(f"cannot reach the API server at {self.host}: {_reason(cause or exc)}")
 
 
-def _http_error(path: str, status: int, data: bytes | None) -> ToolError:
-    message = ""
-    try:
-        body = json.loads(data or b"")
-        if isinstance(body, dict):
-            message = str(body.get("message") or "")
-    except ValueError:
-        message = (data or b"").decode(errors="replace").strip()[:200]
+def _http_error(path: str, status: int, message: str) -> ToolError:
     if status == 404:
         return NotFound(message or f"GET {path}: not found", status)
     if status == 401:

@@ -20,9 +20,9 @@ other projects can test their node agents and kubelets with them too.
 """
 
 from kubelet_dra.testing._eventually import eventually, eventually_sync
-from kubelet_dra.testing._fakedriver_control import FakeDriverClient
 from kubelet_dra.testing.fakeapi import FakeApiServer, make_claim, make_pod
 from kubelet_dra.testing.fakedriver import FakeDriver
+from kubelet_dra.testing.fakedriver_control import FakeDriverClient
 
 __all__ = [
     "FakeApiServer",

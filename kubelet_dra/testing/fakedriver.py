@@ -224,7 +224,7 @@ class FakeDriver:
         self._servers.clear()
         self._streams.clear()
         for path in (self.registration_socket, self.dra_socket):
-            _unlink(path)
+            unlink(path)
 
     async def restart(self) -> None:
         """Stop, remove the sockets and serve again (new inodes, like a new pod)."""
@@ -235,7 +235,7 @@ class FakeDriver:
             self._start_resend(resend)
 
     async def _serve(self, path: pathlib.Path, add: Any) -> None:
-        _unlink(path)
+        unlink(path)
         server = grpc.aio.server()
         add(server)
         server.add_insecure_port(f"unix:{path}")
@@ -354,7 +354,7 @@ class FakeDriver:
             self._streams.discard(queue)
 
 
-def _unlink(path: str | os.PathLike[str]) -> None:
+def unlink(path: str | os.PathLike[str]) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
 
@@ -438,10 +438,3 @@ class _DRAPlugin:
         return pb.NodeUnprepareResourcesResponse(
             claims={c.uid: pb.NodeUnprepareResourceResponse() for c in request.claims}
         )
-
-
-def add_fake_driver_parser(subparsers: Any) -> None:
-    """Register the ``fake-driver`` subcommand (see ``_fakedriver_control``)."""
-    from kubelet_dra.testing import _fakedriver_control
-
-    _fakedriver_control.add_fake_driver_parser(subparsers)

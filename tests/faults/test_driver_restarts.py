@@ -31,7 +31,7 @@ import pytest
 
 from kubelet_dra import manager
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
-from kubelet_dra.testing._fakedriver_control import FakeDriverClient
+from kubelet_dra.testing.fakedriver_control import FakeDriverClient
 
 from . import _faults as fx
 

@@ -15,7 +15,7 @@ from kubelet_dra._proto.dra.v1 import api_pb2 as dra_pb2
 from kubelet_dra._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as health_pb2
 from kubelet_dra._proto.dra_health.v1 import api_pb2_grpc as health_grpc
-from kubelet_dra.testing import _fakedriver_control, eventually, fakedriver
+from kubelet_dra.testing import eventually, fakedriver, fakedriver_control
 
 from ._driver_fixtures import device
 
@@ -90,7 +90,7 @@ async def test_subprocess_mode_with_the_control_socket(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "kubelet_dra.testing._fakedriver_control",
+        "kubelet_dra.testing.fakedriver_control",
         "--registry",
         str(registry),
         "--control",
@@ -103,7 +103,7 @@ async def test_subprocess_mode_with_the_control_socket(
         assert proc.stdout is not None
         ready = json.loads(await asyncio.wait_for(proc.stdout.readline(), 20))
         assert ready["event"] == "ready"
-        async with _fakedriver_control.FakeDriverClient(control) as client:
+        async with fakedriver_control.FakeDriverClient(control) as client:
             await client.request("set_health", devices=[device("pool", "gpu-7")])
             assert await first_reports(pathlib.Path(ready["dra_socket"]), 1) == [["gpu-7"]]
             answer = await client.request("calls")

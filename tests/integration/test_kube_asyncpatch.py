@@ -309,3 +309,33 @@ async def test_garbage_is_a_transport_error() -> None:
                 await _request(transport)
         finally:
             await transport.aclose()
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_body_over_the_cap_is_a_clear_error_and_the_next_request_works(
+    chunked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(asyncpatch, "MAX_BODY_BYTES", 1000)
+    big = b"x" * 1001
+
+    async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        if number == 1 and chunked:
+            parts = b"".join(b"%x\r\n%s\r\n" % (100, big[i : i + 100]) for i in range(0, 1000, 100))
+            writer.write(
+                _answer("200 OK", parts + b"1\r\nx\r\n0\r\n\r\n", "Transfer-Encoding: chunked")
+            )
+        elif number == 1:
+            writer.write(_answer("200 OK", big, f"Content-Length: {len(big)}"))
+        else:
+            writer.write(_answer("200 OK", b"{}", "Content-Length: 2"))
+        return True
+
+    async with Scripted(handler) as scripted:
+        transport = scripted.transport()
+        try:
+            with pytest.raises(asyncpatch.BodyTooLarge, match="exceeds 1000 bytes"):
+                await _request(transport)
+            assert (await _request(transport)).body == b"{}"  # on a new connection
+        finally:
+            await transport.aclose()
+    assert scripted.connections == 2

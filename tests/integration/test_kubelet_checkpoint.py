@@ -47,7 +47,9 @@ async def test_resource_ids_follow_the_kubelets_checkpoint(
     cluster(api)
     root = sockdir / "kubelet"
     _write(root, _checkpoint("vendor.com/gpu=gpu0"))
-    cfg = settings_for(sockdir, api, kubelet_checkpoint_interval=0.05)
+    # No kubelet writes here, only its checkpoint is there: no wait for its entries
+    # (test_writer_coexist.py tests --kubelet-field-grace).
+    cfg = settings_for(sockdir, api, kubelet_checkpoint_interval=0.05, kubelet_field_grace=0)
     async with FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver:
         await driver.set_health(device("gpu-0", "Unhealthy", message="XID 79"), device("gpu-1"))
         async with manager.DRAHealthManager(cfg) as mgr:

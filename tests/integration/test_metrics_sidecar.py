@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import parser
 
-from kubelet_dra import healthinfo, manager, settings
+from kubelet_dra import healthinfo, settings
 from kubelet_dra.sidecar import Sidecar
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 
@@ -226,7 +226,7 @@ async def test_cap_and_refused_registrations_are_counted(
     cap = healthinfo.MAX_DEVICES_PER_DRIVER
     await driver.set_health(device("gpu-0"), *(device(f"extra-{i}") for i in range(cap + 1)))
     async with FakeDriver("Bad_Name", registry=sockdir / "reg") as bad:
-        async with manager.Sidecar(config(sockdir, api)) as sidecar:
+        async with Sidecar(config(sockdir, api)) as sidecar:
             await eventually(lambda: health_of(api, "train-a", "gpu-0") == "Healthy")
             found = await scrape_until(
                 sidecar, "kubelet_dra_refused_total", 2, driver=DRIVER, reason="device_cap"

@@ -1,6 +1,6 @@
 """The dashboard and the alert rules use only what a running sidecar's ``/metrics`` exposes.
 
-A sidecar (``manager.Sidecar``, in process, against the FakeApiServer and a FakeDriver)
+A sidecar (``sidecar.Sidecar``, in process, against the FakeApiServer and a FakeDriver)
 receives Healthy and Unhealthy devices and a refused entry, writes pods, and is scraped; the
 scrape is parsed with ``prometheus_client.parser``. Every metric name in
 ``deploy/monitoring/dashboard.json`` and ``deploy/monitoring/rules.yaml`` must be a sample
@@ -21,6 +21,7 @@ import pytest
 from prometheus_client import parser
 
 from kubelet_dra import manager
+from kubelet_dra.sidecar import Sidecar
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 from tests.deploy import _monitoring
 
@@ -57,7 +58,7 @@ async def driver(sockdir: pathlib.Path) -> AsyncIterator[FakeDriver]:
 async def exposed(sockdir: pathlib.Path, api: FakeApiServer, driver: FakeDriver) -> Exposed:
     await driver.set_health(device("gpu-0"), device("gpu-1"))
     config = settings_for(sockdir, api, metrics_address="127.0.0.1:0")
-    async with manager.Sidecar(config) as sidecar:
+    async with Sidecar(config) as sidecar:
         await eventually(lambda: health_of(api, "train-b", "gpu-1") == "Healthy")
         # An Unhealthy device and an entry without a name (refused: reason empty_name).
         await driver.set_health(device("gpu-0", "Unhealthy", message="XID 79"), device(""))

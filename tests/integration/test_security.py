@@ -26,7 +26,7 @@ import time
 
 from kubelet_dra import clock, healthinfo, models, plugins, registration
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
-from kubelet_dra.testing._fakedriver_control import FakeDriverClient
+from kubelet_dra.testing.fakedriver_control import FakeDriverClient
 
 from ._driver_fixtures import Changes, make_settings, rss_mb
 from ._sidecar_process import DRIVER, SidecarProcess, cluster, device, health_of, http_get

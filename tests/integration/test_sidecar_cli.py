@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import re
 import signal
 
 from kubelet_dra.testing import FakeApiServer, FakeDriver
@@ -26,6 +27,43 @@ def test_demo_plays_every_step_and_exits_0() -> None:
     # The YAML excerpt shows the driver's message where kubectl would.
     assert "message: ECC uncorrectable error count exceeded (XID 48)" in done.stdout
     assert "reason: DeviceUnhealthy" in done.stdout
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    missing = [b for b in readme_demo_blocks(readme) if not contains_run(done.stdout, b)]
+    assert not missing, f"README demo excerpt blocks not in the demo's output: {missing}"
+
+
+_VARIES = [
+    (re.compile(r"after [\d.]+ s"), "after N s"),
+    (re.compile(r"^ok +[\d.]+ s"), "ok N s"),
+    (re.compile(r"lastTransitionTime: '[^']*'"), "lastTransitionTime: T"),
+    (re.compile(r"\d+ pod status writes"), "N pod status writes"),
+]
+
+
+def _normal(line: str) -> str:
+    line = " ".join(line.split())
+    for pattern, replacement in _VARIES:
+        line = pattern.sub(replacement, line)
+    return line
+
+
+def readme_demo_blocks(readme: str) -> list[list[str]]:
+    """The README's demo excerpt as runs of lines ("..." and blank lines cut it)."""
+    section = readme[readme.index("## What the demo shows") :]
+    end = section.find("\n#", 3)
+    section = section if end < 0 else section[:end]
+    blocks: list[list[str]] = [[]]
+    for line in section.splitlines():
+        if not line.startswith("    ") or line.strip() == "...":
+            blocks.append([])
+        else:
+            blocks[-1].append(_normal(line))
+    return [b for b in blocks if b]
+
+
+def contains_run(output: str, block: list[str]) -> bool:
+    lines = [_normal(line) for line in output.splitlines()]
+    return any(lines[i : i + len(block)] == block for i in range(len(lines)))
 
 
 async def test_json_logs_are_one_object_per_line_and_v_adds_debug(sockdir: pathlib.Path) -> None:

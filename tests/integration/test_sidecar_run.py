@@ -18,7 +18,7 @@ import pytest
 
 from kubelet_dra import models, store
 from kubelet_dra.testing import FakeApiServer, FakeDriver
-from kubelet_dra.testing._fakedriver_control import FakeDriverClient
+from kubelet_dra.testing.fakedriver_control import FakeDriverClient
 from tests.unit import _rbac
 
 from ._sidecar_process import (

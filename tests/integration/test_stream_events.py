@@ -1,4 +1,4 @@
-"""``_streams.watch``: one endpoint's stream as events, consumed without a PluginManager.
+"""``streams.watch``: one endpoint's stream as events, consumed without a PluginManager.
 
 The generator is the stream's whole state machine; these tests read its events
 and ``EndpointStatus`` directly, against a real ``FakeDriver`` over gRPC.
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import _streams, clock, healthinfo, models, plugins
+from kubelet_dra import clock, healthinfo, models, plugins, streams
 from kubelet_dra.testing import eventually, fakedriver
 
 from ._driver_fixtures import (
@@ -26,16 +26,16 @@ from ._driver_fixtures import (
     register,
 )
 
-StreamState = _streams.StreamState
+StreamState = streams.StreamState
 
 
 def _watch(
     drv: fakedriver.FakeDriver, fake_clock: clock.FakeClock
-) -> tuple[_streams.EndpointStatus, AsyncGenerator[_streams.StreamEvent, None]]:
+) -> tuple[streams.EndpointStatus, AsyncGenerator[streams.StreamEvent, None]]:
     plugin = plugin_of(drv)
     assert plugin.health_service is not None
-    status = _streams.EndpointStatus(plugin.driver, plugin.endpoint, plugin.health_service)
-    events = _streams.watch(
+    status = streams.EndpointStatus(plugin.driver, plugin.endpoint, plugin.health_service)
+    events = streams.watch(
         plugin,
         status,
         settings=make_settings(),
@@ -45,12 +45,12 @@ def _watch(
     return status, events
 
 
-def state(status: _streams.EndpointStatus) -> StreamState:
+def state(status: streams.EndpointStatus) -> StreamState:
     # A call, so that mypy does not narrow ``status.state`` across awaits.
     return status.state
 
 
-async def _next(events: AsyncGenerator[_streams.StreamEvent, None]) -> _streams.StreamEvent:
+async def _next(events: AsyncGenerator[streams.StreamEvent, None]) -> streams.StreamEvent:
     return await asyncio.wait_for(anext(events), 5)
 
 
@@ -62,20 +62,20 @@ async def test_events_and_states_of_one_stream(
         status, events = _watch(drv, fake_clock)
         assert state(status) is StreamState.CONNECTING
         first = await _next(events)
-        assert isinstance(first, _streams.Report)
+        assert isinstance(first, streams.Report)
         assert [(r.device, r.health, r.message) for r in first.converted.reports] == [
             ("gpu-0", models.HealthStatus.UNHEALTHY, "ECC")
         ]
         assert state(status) is StreamState.STREAMING
         await drv.end_streams("INTERNAL")
-        assert await _next(events) == _streams.Ended(_streams.Outcome.ERROR)
+        assert await _next(events) == streams.Ended(streams.Outcome.ERROR)
         assert status.last_error.startswith("INTERNAL")
         # The backoff sleep happens when the consumer asks for the next event.
         reconnect = asyncio.ensure_future(_next(events))
         await fake_clock.wait_for_sleepers(1)
         assert state(status) is StreamState.BACKOFF and fake_clock.sleep_calls == [1.0]
         fake_clock.advance(1.0)
-        assert isinstance(await reconnect, _streams.Report)
+        assert isinstance(await reconnect, streams.Report)
         assert status.reconnects == 1
         await events.aclose()
         assert state(status) is StreamState.STOPPED
@@ -86,7 +86,7 @@ async def test_unimplemented_ends_the_generator(
 ) -> None:
     async with fakedriver.FakeDriver(registry=registry, unimplemented=True) as drv:
         status, events = _watch(drv, fake_clock)
-        assert await _next(events) == _streams.Ended(_streams.Outcome.UNIMPLEMENTED)
+        assert await _next(events) == streams.Ended(streams.Outcome.UNIMPLEMENTED)
         with pytest.raises(StopAsyncIteration):
             await _next(events)
         assert state(status) is StreamState.UNIMPLEMENTED and status.reconnects == 0
@@ -98,14 +98,14 @@ async def test_a_bug_in_conversion_ends_the_stream_and_retries_after_the_cap(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def broken(devices: object, *, max_devices: int) -> _streams.Converted:
+    def broken(devices: object, *, max_devices: int) -> streams.Converted:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(_streams, "convert", broken)
+    monkeypatch.setattr(streams, "convert", broken)
     async with fakedriver.FakeDriver(registry=registry) as drv:
         await drv.set_health(device("pool", "gpu-0"))
         status, events = _watch(drv, fake_clock)
-        assert await _next(events) == _streams.Ended(_streams.Outcome.CRASHED)
+        assert await _next(events) == streams.Ended(streams.Outcome.CRASHED)
         assert "crashed; restarting" in caplog.text
         retry = asyncio.ensure_future(_next(events))
         await fake_clock.wait_for_sleepers(1)

@@ -1,7 +1,7 @@
 """Bad health reports at the wire: whatever a driver sends, nothing crashes, the store validates.
 
 Reports are built as v1 and v1alpha1 protobuf responses, serialized and parsed
-back (what the stream receives), converted by ``_streams.convert``, applied to
+back (what the stream receives), converted by ``streams.convert``, applied to
 a ``HealthCache`` whose sink is a real ``HealthStore``, flushed and read back.
 Property-based (hypothesis) over names with ``/``, unicode, empty strings and
 10 kB names, enum numbers outside the enum, negative and huge timeouts and
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubelet_dra import _streams, healthinfo, models, store
+from kubelet_dra import healthinfo, models, store, streams
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1
 from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1
 
@@ -84,7 +84,7 @@ def test_any_report_converts_applies_and_persists_valid_state(
         cache = healthinfo.HealthCache(sink=db)
         now = 1_000_000.0
         for entries in reports:
-            converted = _streams.convert(_response(pb, entries).devices, max_devices=5)
+            converted = streams.convert(_response(pb, entries).devices, max_devices=5)
             assert (converted.refused is not None) == (len(entries) > 5)
             for report in converted.reports:
                 _check_report(report)
@@ -112,8 +112,8 @@ def test_any_report_converts_applies_and_persists_valid_state(
 
 def _check_report(report: models.DeviceReport) -> None:
     assert report.pool and report.device
-    assert len(report.pool.encode()) <= _streams.MAX_NAME_BYTES
-    assert len(report.device.encode()) <= _streams.MAX_NAME_BYTES
+    assert len(report.pool.encode()) <= streams.MAX_NAME_BYTES
+    assert len(report.device.encode()) <= streams.MAX_NAME_BYTES
     assert isinstance(report.health, models.HealthStatus)
     raw = report.message.encode("utf-8")  # valid UTF-8 or this raises
     assert len(raw) <= healthinfo.MESSAGE_MAX_BYTES
@@ -126,7 +126,7 @@ def test_message_cut_inside_a_multibyte_character_stays_valid(char: str, total: 
     pad = total % width
     message = "a" * pad + char * ((total - pad) // width)
     assert len(message.encode()) == total
-    [entry] = _streams.convert(
+    [entry] = streams.convert(
         _response(v1, [_entry(message=message)]).devices,
         max_devices=10,
     ).reports
@@ -153,7 +153,7 @@ def test_message_cut_inside_a_multibyte_character_stays_valid(char: str, total: 
     ],
 )
 def test_each_bad_field_is_counted_with_its_reason(field: str, value: object, problem: str) -> None:
-    converted = _streams.convert(
+    converted = streams.convert(
         _response(v1, [_entry(**{field: value})]).devices,
         max_devices=10,
     )
@@ -161,7 +161,7 @@ def test_each_bad_field_is_counted_with_its_reason(field: str, value: object, pr
 
 
 def test_huge_timeout_is_a_valid_lease_and_round_trips(tmp_path: pathlib.Path) -> None:
-    [report] = _streams.convert(
+    [report] = streams.convert(
         _response(v1, [_entry(timeout=2**63 - 1)]).devices,
         max_devices=10,
     ).reports

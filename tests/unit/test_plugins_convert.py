@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import _streams, models
+from kubelet_dra import models, streams
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1
 from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1
 
@@ -31,7 +31,7 @@ def test_both_versions_convert_to_the_same_values(pb: ModuleType, health: int, e
     device = dh(
         pb, health=health, last_updated_time=123, health_check_timeout_seconds=12, message="m"
     )
-    converted = _streams.convert([device], max_devices=10)
+    converted = streams.convert([device], max_devices=10)
     assert converted.reports == [
         models.DeviceReport("p", "d", expected, "m", timeout_seconds=12, driver_time=123)
     ]
@@ -39,7 +39,7 @@ def test_both_versions_convert_to_the_same_values(pb: ModuleType, health: int, e
 
 
 def test_duplicates_take_the_last_and_are_counted() -> None:
-    converted = _streams.convert(
+    converted = streams.convert(
         [dh(v1, device="a", health=1), dh(v1, device="b"), dh(v1, device="a", health=2)],
         max_devices=10,
     )
@@ -60,13 +60,13 @@ def test_duplicates_take_the_last_and_are_counted() -> None:
     ids=["empty-pool", "empty-device", "name-too-long"],
 )
 def test_bad_names_are_refused(device: Any, reason: str) -> None:
-    converted = _streams.convert([device, dh(v1, device="ok")], max_devices=10)
+    converted = streams.convert([device, dh(v1, device="ok")], max_devices=10)
     assert [r.device for r in converted.reports] == ["ok"]
     assert converted.problems == {reason: 1}
 
 
 def test_long_message_is_truncated_and_negative_timeout_kept_for_the_default() -> None:
-    converted = _streams.convert(
+    converted = streams.convert(
         [dh(v1, message="é" * 1000, health_check_timeout_seconds=-1)], max_devices=10
     )
     (report,) = converted.reports
@@ -76,12 +76,12 @@ def test_long_message_is_truncated_and_negative_timeout_kept_for_the_default() -
 
 
 def test_too_many_devices_refuses_the_whole_report() -> None:
-    converted = _streams.convert([dh(v1, device=str(i)) for i in range(11)], max_devices=10)
+    converted = streams.convert([dh(v1, device=str(i)) for i in range(11)], max_devices=10)
     assert (converted.reports, converted.refused) == ([], "too_many_devices")
 
 
 def test_backoff_doubles_to_the_cap_with_bounded_jitter() -> None:
-    backoff = _streams.Backoff(initial=1.0, cap=30.0, rng=random.Random(7))
+    backoff = streams.Backoff(initial=1.0, cap=30.0, rng=random.Random(7))
     delays = [backoff.next() for _ in range(8)]
     for delay, base in zip(delays, [1, 2, 4, 8, 16, 30, 30, 30], strict=True):
         assert base * 0.8 <= delay <= min(base * 1.2, 30.0)

@@ -127,7 +127,7 @@ def test_the_checker_catches_private_uses() -> None:
     source = """
 import kubelet_dra
 from kubelet_dra import podstatus
-from kubelet_dra.testing._fakedriver_control import FakeDriverClient
+from kubelet_dra.testing.fakedriver_control import FakeDriverClient
 from kubelet_dra.testing import FakeDriver, fakedriver
 podstatus.merge({}, None, now=0)
 kubelet_dra.podstatus.find_condition({}, "DeviceHealthy")
@@ -137,26 +137,6 @@ kubelet_dra.DRAHealthManager
     assert non_public_uses(_parse(source, "sample")) == [
         "from kubelet_dra import podstatus",
         "from kubelet_dra.testing import fakedriver",
-        "from kubelet_dra.testing._fakedriver_control import ...",
+        "from kubelet_dra.testing.fakedriver_control import ...",
         "kubelet_dra.podstatus.find_condition",
     ]
-
-
-@pytest.mark.parametrize(
-    ("old", "new"),
-    [("cachecmd", "cache"), ("demo", "demo"), ("watchcmd", "watch")],
-)
-def test_moved_command_modules_keep_their_old_import_path(old: str, new: str) -> None:
-    namespace: dict[str, object] = {}
-    exec(f"from kubelet_dra import {old} as moved", namespace)
-    assert namespace["moved"] is importlib.import_module(f"kubelet_dra.commands.{new}")
-
-
-def test_classes_that_left_the_manager_module_keep_their_old_import_path() -> None:
-    from kubelet_dra.manager import PodHealthUpdate, Sidecar, SyncRunner
-
-    assert (Sidecar, SyncRunner, PodHealthUpdate) == (
-        kubelet_dra.Sidecar,
-        kubelet_dra.SyncRunner,
-        kubelet_dra.PodHealthUpdate,
-    )

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import _taint_api, clock, models, settings, taintbridge, taints
+from kubelet_dra import clock, kube, models, settings, taintbridge, taints
 from kubelet_dra.testing import eventually
 
 H = models.HealthStatus
@@ -36,12 +36,12 @@ class MemoryApi:
         self.rules: dict[str, Obj] = {}
         self.rv = 100
         self.log: list[tuple[str, str]] = []
-        self.failures: list[_taint_api.TaintApiError] = []
+        self.failures: list[kube.CallError] = []
         self.served: str | None = "v1"
         self.events: list[Obj] = []
 
     def fail(self, status: int | None, times: int = 1) -> None:
-        self.failures += [_taint_api.TaintApiError(f"injected {status}", status=status)] * times
+        self.failures += [kube.CallError(f"injected {status}", status=status)] * times
 
     def _maybe_fail(self, what: str, name: str = "") -> None:
         self.log.append((what, name))
@@ -70,20 +70,20 @@ class MemoryApi:
         name = body["metadata"]["name"]
         self._maybe_fail("create", name)
         if name in self.rules:
-            raise _taint_api.TaintApiError("exists", status=409)
+            raise kube.CallError("exists", status=409)
         return self.put(body)
 
     def replace(self, body: Obj) -> Obj:
         name = body["metadata"]["name"]
         self._maybe_fail("update", name)
         if self.rules[name]["metadata"]["resourceVersion"] != body["metadata"]["resourceVersion"]:
-            raise _taint_api.TaintApiError("conflict", status=409)
+            raise kube.CallError("conflict", status=409)
         return self.put(body)
 
     def delete(self, name: str, uid: str, resource_version: str) -> None:
         self._maybe_fail("delete", name)
         if name not in self.rules:
-            raise _taint_api.TaintApiError("gone", status=404)
+            raise kube.CallError("gone", status=404)
         del self.rules[name]
 
     def create_event(self, namespace: str, body: Obj) -> Obj:
@@ -409,7 +409,7 @@ async def test_lost_answer_to_a_create_is_adopted(rig: Rig) -> None:
 
     def create_then_lose(body: Obj) -> Obj:
         original(body)
-        raise _taint_api.TaintApiError("connection lost", status=None)
+        raise kube.CallError("connection lost", status=None)
 
     rig.api.create = create_then_lose  # type: ignore[method-assign]  # a fault, undone below
     await rig.set(A, H.UNHEALTHY)

@@ -1,5 +1,8 @@
 """The fake driver as a subprocess: JSON-lines control socket, client and CLI.
 
+``kubelet_dra.cli`` registers the ``fake-driver`` subcommand from here; this
+module imports ``fakedriver``, never the other way round.
+
 Part of the test kit (see :mod:`kubelet_dra.testing.fakedriver` for the
 protocol); the kubeletplugin helper has no counterpart, this is how tests in
 other processes and languages script a :class:`FakeDriver`.
@@ -143,7 +146,7 @@ async def _run(ns: argparse.Namespace) -> int:
     async with driver:
         if ns.devices:
             await driver.set_health(*json.loads(ns.devices), resend=ns.resend)
-        fakedriver._unlink(control)
+        fakedriver.unlink(control)
         server = await asyncio.start_unix_server(_ControlServer(driver, stopped).handle, control)
         ready = {
             "event": "ready",
@@ -155,12 +158,12 @@ async def _run(ns: argparse.Namespace) -> int:
         print(json.dumps(ready), flush=True)
         async with server:
             await stopped.wait()
-        fakedriver._unlink(control)
+        fakedriver.unlink(control)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kubelet_dra.testing._fakedriver_control")
+    parser = argparse.ArgumentParser(prog="python -m kubelet_dra.testing.fakedriver_control")
     _add_arguments(parser)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     return run_fake_driver(parser.parse_args(argv))
