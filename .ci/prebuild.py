@@ -44,7 +44,10 @@ ORDER = (
     "twin:v1.35.4",
     "twin:v1.34.4",
     "helm",
+    "helm3",
     "promtool",
+    "validate-krew-manifest",
+    "grafana-dashboard-check",
 )
 
 

@@ -4,10 +4,13 @@ Counterpart of the kubelet's ``dra_health_state`` file, which is the whole
 cache as JSON rewritten (temp file + rename, no fsync) on every change. Here:
 
 - one SQLite file, opened through sqlitedict, in WAL mode with
-  ``synchronous=NORMAL``: a committed batch survives a crash of the process
-  (SIGKILL) and the file is never torn; after a power loss at most the last
-  batches are lost, never the file. sqlitedict hard-codes ``synchronous=OFF``
-  (not safe against power loss), so we set the level ourselves after opening;
+  ``synchronous=FULL`` (:data:`SYNCHRONOUS`): a committed batch survives a
+  crash of the process (SIGKILL) and a power loss, and the file is never
+  torn. NORMAL syncs the WAL only before a checkpoint, so a power loss lost
+  every commit since the last one, up to a whole WAL (about 1,000 commits;
+  ``tests/powerloss``), which broke the half-lease guarantee below.
+  sqlitedict hard-codes ``synchronous=OFF`` (not safe against power loss),
+  so we set the level ourselves after opening;
 - values are versioned JSON (``StoredDevice``), never pickles;
 - writes are staged in memory (the latest record per device wins) and
   committed in one transaction by :meth:`HealthStore.flush`, so a flood of
@@ -67,6 +70,11 @@ CHUNK = 500
 CHUNK_LOAD = 5000
 """Rows per query when loading."""
 _META = "meta"
+SYNCHRONOUS = "FULL"
+"""SQLite's ``synchronous`` level: FULL syncs the WAL at every commit, so a
+committed batch survives a power loss too. NORMAL syncs it only before a
+checkpoint and lost up to a whole WAL of commits (tests/powerloss,
+docs/reliability.md "Power loss")."""
 
 
 # A batch travels as multi-row statements with bound parameters: SQLite
@@ -564,7 +572,7 @@ def _open_db(path: pathlib.Path) -> sqlitedict.SqliteDict:
         decode=json.loads,
         outer_stack=False,
     )
-    db.conn.execute("PRAGMA synchronous=NORMAL")
+    db.conn.execute(f"PRAGMA synchronous={SYNCHRONOUS}")
     return db
 
 

@@ -90,7 +90,15 @@ def fake_clock() -> clock.FakeClock:
     return clock.FakeClock()
 
 
-_TOOLS = {"helm_bin": "helm", "promtool_bin": "promtool"}
+#: Fixture -> the tool it needs, built before the first test (tests/deploy/conftest.py
+#: parametrizes ``helm_bin`` over Helm 4 and Helm 3 through ``helm_tool``).
+_TOOLS = {
+    "helm_bin": "helm",
+    "helm_tool": "helm3",
+    "promtool_bin": "promtool",
+    "grafana_dashboard_check_bin": "grafana-dashboard-check",
+    "validate_krew_manifest_bin": "validate-krew-manifest",
+}
 _OUTCOMES = pytest.StashKey[dict[str, Path | BaseException]]()
 
 
@@ -119,7 +127,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             outcomes[name] = _resolve(name)
 
 
-def _tool(config: pytest.Config, name: str) -> Path:
+def tool(config: pytest.Config, name: str) -> Path:
     outcomes = config.stash.get(_OUTCOMES, {})
     outcome = outcomes.get(name)
     if outcome is None:
@@ -134,13 +142,26 @@ def _tool(config: pytest.Config, name: str) -> Path:
 @pytest.fixture(scope="session")
 def helm_bin(pytestconfig: pytest.Config) -> Path:
     """The ``helm`` binary (v4.3.2 built from the module proxy, else ``helm`` on PATH)."""
-    return _tool(pytestconfig, "helm")
+    return tool(pytestconfig, "helm")
 
 
 @pytest.fixture(scope="session")
 def promtool_bin(pytestconfig: pytest.Config) -> Path:
     """The ``promtool`` binary (Prometheus 3.16.0 from the module proxy, else on PATH)."""
-    return _tool(pytestconfig, "promtool")
+    return tool(pytestconfig, "promtool")
+
+
+@pytest.fixture(scope="session")
+def grafana_dashboard_check_bin(pytestconfig: pytest.Config) -> Path:
+    """Our checker of Grafana dashboards on Grafana's own dashboard types
+    (tests/tools/grafana-dashboard, grafana-foundation-sdk v0.0.22)."""
+    return tool(pytestconfig, "grafana-dashboard-check")
+
+
+@pytest.fixture(scope="session")
+def validate_krew_manifest_bin(pytestconfig: pytest.Config) -> Path:
+    """krew's ``validate-krew-manifest`` (sigs.k8s.io/krew v0.4.3 from the module proxy)."""
+    return tool(pytestconfig, "validate-krew-manifest")
 
 
 def interop_binary(name: str) -> Path:

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import pathlib
 import shutil
 import sys
@@ -43,10 +44,52 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _cmd_demo(ns: argparse.Namespace) -> int:
-    if not ns.verbose:
-        # The script narrates; the pipeline's own INFO logs would interleave.
-        logging.getLogger().setLevel(logging.WARNING)
-    return asyncio.run(Demo(ns.duration, ns.devices, ns.pods).run())
+    if ns.verbose:
+        return asyncio.run(Demo(ns.duration, ns.devices, ns.pods).run())
+    # The script narrates: the pipeline's logs (a driver's stream error when the
+    # script kills it, say) would land between its tables. -v keeps them inline.
+    log = LogFile()
+    try:
+        code = asyncio.run(Demo(ns.duration, ns.devices, ns.pods).run())
+    finally:
+        note = log.close()
+    if note:
+        sys.stdout.write(note + "\n")
+    return code
+
+
+class LogFile:
+    """Sends every log record to a file in the temp dir instead of stderr, counting warnings."""
+
+    def __init__(self) -> None:
+        fd, name = tempfile.mkstemp(prefix="kubelet-dra-demo-", suffix=".log")
+        os.close(fd)
+        self.path = pathlib.Path(name)
+        self.warnings = 0
+        self._handler = logging.FileHandler(self.path, encoding="utf-8")
+        self._handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        )
+        self._handler.addFilter(self._count)
+        root = logging.getLogger()
+        self._saved = root.handlers[:]
+        root.handlers[:] = [self._handler]
+
+    def _count(self, record: logging.LogRecord) -> bool:
+        self.warnings += record.levelno >= logging.WARNING
+        return True
+
+    def close(self) -> str:
+        """Restore the handlers; the line that names the file ("" and no file if empty)."""
+        logging.getLogger().handlers[:] = self._saved
+        self._handler.close()
+        if self.path.stat().st_size == 0:
+            self.path.unlink()
+            return ""
+        plural = "" if self.warnings == 1 else "s"
+        return (
+            f"    pipeline log ({self.warnings} warning{plural}; -v prints it inline): {self.path}"
+        )
 
 
 @dataclasses.dataclass

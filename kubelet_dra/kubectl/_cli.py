@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
+from kubelet_dra import __version__
 from kubelet_dra import claims as claims_mod
 from kubelet_dra.kube.events import DEVICE_HEALTH_UNKNOWN, DEVICE_HEALTHY, DEVICE_UNHEALTHY
 from kubelet_dra.kubectl import _model as model
@@ -113,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Device health of DRA devices as pods report it (KEP-4680), cluster-wide.",
     )
+    # The package's version alone on a line, as ``kubelet-dra-health --version`` prints it.
+    parser.add_argument("--version", action="version", version=__version__)
     _common(parser, suppress=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     devices = sub.add_parser("devices", help="one row per device pods report")

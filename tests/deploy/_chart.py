@@ -2,7 +2,9 @@
 
 Shared by the chart's tests and the interop test that applies a rendering to a real
 kube-apiserver. Values are passed as a YAML file (``-f``), so their types reach the
-templates as written.
+templates as written, and the Kubernetes version as ``--kube-version``: without a cluster,
+a Helm 3 built from source assumes Kubernetes 1.20 and refuses the chart's ``kubeVersion``
+(the chart's README says so).
 """
 
 from __future__ import annotations
@@ -16,11 +18,19 @@ from typing import Any
 
 import yaml
 
+from tests.interop import _build
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "kubelet-dra-health"
 DEPLOY = ROOT / "deploy"
 MONITORING = DEPLOY / "monitoring"
 RELEASE = NAMESPACE = "kubelet-dra-health"
+#: The Kubernetes version ``helm template`` and ``helm lint`` render for: the kube-apiserver
+#: and kubelet the project tests against.
+KUBE_VERSION = "1.37.2"
+#: The Helm builds of ``tests/interop/_build.py`` the chart's tests run with, and the
+#: version ``helm version --short`` prints for each.
+HELMS = {"helm": _build.HELM_VERSION, "helm3": _build.HELM3_VERSION}
 #: Labels the chart adds to every object's metadata, and nothing else differs from deploy/.
 HELM_LABELS = {
     "app.kubernetes.io/instance": RELEASE,
@@ -68,7 +78,16 @@ def render(
         json.dump(dict(values or {}), file)
         file.flush()
         text = run_helm(
-            helm, "template", release, str(CHART), "--namespace", namespace, "-f", file.name
+            helm,
+            "template",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--kube-version",
+            KUBE_VERSION,
+            "-f",
+            file.name,
         )
     return [d for d in yaml.safe_load_all(text) if d is not None]
 

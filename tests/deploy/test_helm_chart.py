@@ -1,7 +1,9 @@
 """The Helm chart ``deploy/helm/kubelet-dra-health``, checked with the real ``helm``.
 
-``helm`` is v4.3.2 built from the Go module proxy (``tests/conftest.py``); without Go these
-tests skip. Checked here:
+Every test that runs ``helm`` runs twice, with Helm 4 (v4.3.2) and Helm 3 (v3.22.0), both
+built from the Go module proxy (``tests/deploy/conftest.py``); without Go they skip. Both
+get ``--kube-version`` (``_chart.KUBE_VERSION``): a Helm 3 built from source assumes
+Kubernetes 1.20. Checked here:
 
 - ``helm lint --strict`` passes, with the defaults and with every option on;
 - the default rendering is the objects of ``deploy/`` plus exactly Helm's standard labels on
@@ -36,6 +38,8 @@ from tests.unit import test_deploy
 from ._chart import (
     CHART,
     HELM_LABELS,
+    HELMS,
+    KUBE_VERSION,
     MONITORING,
     HelmError,
     Obj,
@@ -95,16 +99,33 @@ ALL_ON: Obj = {
 def test_helm_lint_strict(helm_bin: Path, values: Obj, tmp_path: Path) -> None:
     file = tmp_path / "values.yaml"
     file.write_text(yaml.safe_dump(values))
-    out = run_helm(helm_bin, "lint", "--strict", str(CHART), "-f", str(file))
+    out = run_helm(
+        helm_bin, "lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), "-f", str(file)
+    )
     assert "1 chart(s) linted, 0 chart(s) failed" in out
     assert "[ERROR]" not in out and "[WARNING]" not in out, out
 
 
-def test_helm_is_the_pinned_release(helm_bin: Path) -> None:
+def test_helm_is_the_pinned_release(helm_bin: Path, helm_tool: str) -> None:
     out = run_helm(helm_bin, "version", "--short")
     if not helm_bin.is_relative_to(_build.cache_root()):
         pytest.skip(f"helm from PATH ({out.strip()}), not the pinned build")
-    assert out.strip() == _build.HELM_VERSION, out
+    assert out.strip() == HELMS[helm_tool], out
+
+
+def test_kubernetes_version_without_a_cluster(helm_bin: Path, helm_tool: str) -> None:
+    """What the chart's README says: without ``--kube-version``, our source-built Helm 3
+    assumes Kubernetes 1.20 and refuses the chart; Helm 4 takes the version of the
+    client-go it was built with (v0.37.2: Kubernetes 1.37)."""
+    if not helm_bin.is_relative_to(_build.cache_root()):
+        pytest.skip("helm from PATH: its built-in Kubernetes version is its own")
+    args = ("template", "x", str(CHART))
+    if helm_tool == "helm3":
+        with pytest.raises(HelmError, match=r"incompatible with Kubernetes v1\.20\.0"):
+            run_helm(helm_bin, *args)
+        return
+    out = run_helm(helm_bin, *args, "--show-only", "templates/namespace.yaml")
+    assert "kind: Namespace" in out
 
 
 def test_chart_requires_kubernetes_1_30(helm_bin: Path) -> None:

@@ -27,6 +27,15 @@ def test_demo_plays_every_step_and_exits_0() -> None:
     # The YAML excerpt shows the driver's message where kubectl would.
     assert "message: ECC uncorrectable error count exceeded (XID 48)" in done.stdout
     assert "reason: DeviceUnhealthy" in done.stdout
+    # The pipeline's logs (a stream error when the script kills the driver) go to
+    # a file the last line names, not between the tables.
+    assert done.stderr == ""
+    assert "WARNING" not in done.stdout
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("    pipeline log ("), last
+    log = pathlib.Path(last.rsplit(": ", 1)[1])
+    assert " INFO " in log.read_text()
+    log.unlink()
     readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
     missing = [b for b in readme_demo_blocks(readme) if not contains_run(done.stdout, b)]
     assert not missing, f"README demo excerpt blocks not in the demo's output: {missing}"
@@ -37,6 +46,7 @@ _VARIES = [
     (re.compile(r"^ok +[\d.]+ s"), "ok N s"),
     (re.compile(r"lastTransitionTime: '[^']*'"), "lastTransitionTime: T"),
     (re.compile(r"\d+ pod status writes"), "N pod status writes"),
+    (re.compile(r"pipeline log \(\d+ warnings?; -v prints it inline\): \S+"), "pipeline log F"),
 ]
 
 

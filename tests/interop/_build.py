@@ -139,7 +139,17 @@ ARTIFACTS: dict[str, GoArtifact] = {
 #: release with a ``tool`` line, and its go.sum): Helm for the chart in deploy/helm and
 #: promtool for the alerting rules in deploy/monitoring.
 HELM_VERSION = "v4.3.2"
+#: Helm 3, which most clusters are still driven by. Built like a user's ``go install``: the
+#: version is linked in, the Kubernetes version is not (its release Makefile links
+#: ``pkg/chartutil.k8sVersionMinor``), so it assumes Kubernetes 1.20 unless given
+#: ``--kube-version`` (the chart needs 1.30).
+HELM3_VERSION = "v3.22.0"
 PROMETHEUS_VERSION = "v0.316.0"  # the Go module version of Prometheus 3.16.0
+#: Grafana's dashboard types (generated from the dashboard schema Grafana publishes), read
+#: by a small checker of ours in tests/tools/grafana-dashboard.
+GRAFANA_SDK_VERSION = "v0.0.22"
+#: krew's manifest validator (the one release the module proxy serves).
+KREW_VERSION = "v0.4.3"
 TOOL_ARTIFACTS: dict[str, GoArtifact] = {
     a.name: a
     for a in (
@@ -156,6 +166,18 @@ TOOL_ARTIFACTS: dict[str, GoArtifact] = {
             ),
         ),
         GoArtifact(
+            "helm3",
+            HELM3_VERSION,
+            "helm3",
+            "helm",
+            root=TOOLS_DIR,
+            package="helm.sh/helm/v3/cmd/helm",
+            ldflags=(
+                f"-s -w -X helm.sh/helm/v3/internal/version.version={HELM3_VERSION} "
+                "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+            ),
+        ),
+        GoArtifact(
             "promtool",
             PROMETHEUS_VERSION,
             "promtool",
@@ -169,6 +191,21 @@ TOOL_ARTIFACTS: dict[str, GoArtifact] = {
                 "-s -w -X github.com/prometheus/common/version.Version=3.16.0 "
                 "-X github.com/prometheus/common/version.Branch=release"
             ),
+        ),
+        GoArtifact(
+            "grafana-dashboard-check",
+            GRAFANA_SDK_VERSION,
+            "grafana-dashboard",
+            "grafana-dashboard-check",
+            root=TOOLS_DIR,
+        ),
+        GoArtifact(
+            "validate-krew-manifest",
+            KREW_VERSION,
+            "krew",
+            "validate-krew-manifest",
+            root=TOOLS_DIR,
+            package="sigs.k8s.io/krew/cmd/validate-krew-manifest",
         ),
     )
 }

@@ -10,7 +10,8 @@ encoding), and :data:`EQUIVALENT` lists the surviving mutants judged equivalent
 (docs/testing.md gives each one's reason). The score of a module is
 (killed + timed out) / (mutants in scope - equivalent): a mutant that makes its
 tests run past the limit (an endless loop) is detected, as mutmut counts it.
-``--survivors`` lists the rest, ``--patterns`` the globs ``mutmut run`` is given.
+``--survivors`` lists the rest, ``--patterns`` the globs ``mutmut run`` is given;
+``--run --rerun-survivors`` tries only the rest again (after tests were added).
 """
 
 from __future__ import annotations
@@ -63,7 +64,85 @@ SCOPE: dict[str, tuple[str, ...]] = {
 
 # Surviving mutants judged equivalent (no test can tell them from the original):
 # mutant name -> reason. docs/testing.md repeats them.
-EQUIVALENT: dict[str, str] = {}
+_CODEC = "Python's codec names are case-insensitive: 'UTF-8' is 'utf-8'"
+_SHORTER = (
+    "the path check refuses it anyway: with a host, query or fragment cut off, the "
+    "parsed path is a decoded part of the endpoint, so shorter than it, never equal"
+)
+_SQL_CASE = "SQLite's keywords, identifiers and function names are case-insensitive"
+EQUIVALENT: dict[str, str] = {
+    "kubelet_dra.registration.x__go_lower__mutmut_6": (
+        "lower-cases non-ASCII characters too: of all non-ASCII characters only the "
+        "Kelvin sign lower-cases to ASCII, and it is in _GO_LOWER_TO_ASCII; every other "
+        "stays non-ASCII and fails the subdomain pattern either way"
+    ),
+    "kubelet_dra.registration.x_validate_driver_name__mutmut_22": (
+        "`> 253` to `>= 253`: unreachable, a name that got past the 63-byte check has at "
+        "most 63 characters, and _go_lower maps one character to one"
+    ),
+    "kubelet_dra.registration.x_validate_endpoint__mutmut_28": _CODEC,
+    "kubelet_dra.registration.x__printable__mutmut_7": _CODEC,
+    "kubelet_dra.registration.x__printable__mutmut_11": _CODEC,
+    "kubelet_dra.registration.x_validate_endpoint__mutmut_42": (
+        "'unix:' to 'UNIX:': Go lower-cases the scheme, and the port keeps only whether "
+        "there is one"
+    ),
+    "kubelet_dra.registration.x_validate_endpoint__mutmut_47": _SHORTER,
+    "kubelet_dra.registration.x_validate_endpoint__mutmut_48": _SHORTER,
+    "kubelet_dra.store.x__upsert__mutmut_7": _SQL_CASE,
+    "kubelet_dra.store.x__upsert__mutmut_9": _SQL_CASE,
+    "kubelet_dra.store.x__upsert__mutmut_10": _SQL_CASE,
+    "kubelet_dra.store.x__value_text__mutmut_24": (
+        "ensure_ascii=False to None: json.dumps only tests its truth, and None is false"
+    ),
+    "kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_18": (
+        "`row[0] or ''` to `or 'XXXX'`: row[0] is NULL only for a chunk whose values are "
+        "all NULL; both texts fail validation alike, and load() reads row by row"
+    ),
+    **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.xǁHealthCacheǁload__mutmut_{n}" for n in (11, 12, 15)),
+        "the check for a key already scheduled (dropped, or `<` made `<=`): the store yields "
+        "each key once and load() runs once, on an empty cache; loaded twice, the heap keeps "
+        "either the exact deadline or an earlier one, both what next_deadline() promises",
+    ),
+    **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_delete_where__mutmut_{n}" for n in (19, 20)),
+        "a deleted device left in its driver's overdue set: the set is consumed whole at "
+        "the driver's next report, where the device is absent or re-created by that very "
+        "report, which carries it, so it is skipped either way",
+    ),
+    "kubelet_dra.healthinfo.xǁHealthCacheǁ_delete_where__mutmut_24": (
+        "a deleted device's persist time kept: memory only; reported again it is new, "
+        "persisted at once, and the entry overwritten"
+    ),
+    **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_set__mutmut_{n}" for n in (3, 5)),
+        "the default of setdefault: _set replaces an expired record, so its driver is there",
+    ),
+    **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.x_truncate_message__mutmut_{n}" for n in (4, 9, 13)),
+        _CODEC + " (and decode's default codec is UTF-8)",
+    ),
+    **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_schedule__mutmut_{n}" for n in (1, 2, 5)),
+        "its own check dropped or made `<=`: its one caller (_apply) calls it only when "
+        "the device has no heap entry or the new deadline is earlier, so the check passes",
+    ),
+    "kubelet_dra.healthinfo.xǁHealthCacheǁ_apply__mutmut_8": (
+        "the persist times read without a sink too: without a sink nothing staged is "
+        "handed over, so the persist decision they feed changes nothing"
+    ),
+    **dict.fromkeys(
+        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_apply__mutmut_{n}" for n in (69, 70, 73, 74)),
+        "its check before _schedule() dropped or widened: _schedule() makes the same check "
+        "(an entry only for a first or an earlier deadline), so only a call is added",
+    ),
+    **dict.fromkeys(
+        (f"kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}" for n in (21, 22, 23, 24)),
+        "the text of a ValueError that load() catches (it then reads row by row): "
+        "it is never logged or shown",
+    ),
+}
 
 KILLED = {1, 3}
 TIMEOUT = {-24, 24, 152, 255, 36}
@@ -88,16 +167,36 @@ def patterns(modules: Iterable[str]) -> list[str]:
     return out
 
 
-def run(root: pathlib.Path, modules: list[str], *, fresh: bool, children: int) -> int:
-    """``mutmut run`` over ``modules``, niced (the machine is shared)."""
+def alive(root: pathlib.Path, modules: Iterable[str]) -> list[str]:
+    """The mutants in scope of ``modules`` that the last run did not detect."""
+    detected = KILLED | TIMEOUT
+    return sorted(
+        name
+        for module in modules
+        for name, code in results(root, module).items()
+        if code not in detected and name not in EQUIVALENT
+    )
+
+
+def run(
+    root: pathlib.Path, modules: list[str], *, fresh: bool, children: int, survivors: bool
+) -> int:
+    """``mutmut run`` over ``modules``, niced (the machine is shared).
+
+    With ``survivors``, only the mutants the last run did not detect: a test added
+    since cannot revive a killed mutant, and mutmut keeps the other verdicts. The
+    names are then explicit, so mutmut's clean run before the mutants runs only the
+    tests that call their functions, not the whole selection (as globs make it).
+    """
     if fresh:
         shutil.rmtree(root / "mutants", ignore_errors=True)
+    names = alive(root, modules) if survivors else patterns(modules)
+    if not names:
+        return 0
     command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
     niced = ["nice", "-n", "15"] if shutil.which("nice") else []
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run(
-        [*niced, *command, *patterns(modules)], check=False, cwd=root, env=env
-    ).returncode
+    return subprocess.run([*niced, *command, *names], check=False, cwd=root, env=env).returncode
 
 
 def in_scope(module: str, name: str) -> bool:
@@ -145,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patterns", action="store_true", help="print the mutmut run globs")
     parser.add_argument("--run", action="store_true", help="run mutmut first")
     parser.add_argument("--fresh", action="store_true", help="with --run: drop earlier results")
+    parser.add_argument(
+        "--rerun-survivors",
+        action="store_true",
+        help="with --run: try again only the mutants the last run did not detect",
+    )
     parser.add_argument("--children", type=int, default=2, help="with --run: mutmut workers")
     parser.add_argument("modules", nargs="*", help=f"default: all of {', '.join(MODULES)}")
     args = parser.parse_args(argv)
@@ -154,8 +258,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.patterns:
         print(" ".join(patterns(args.modules)))
         return 0
+    if args.rerun_survivors and args.fresh:
+        parser.error("--rerun-survivors needs the results of a run: not with --fresh")
     if args.run and (
-        code := run(args.root, args.modules, fresh=args.fresh, children=args.children)
+        code := run(
+            args.root,
+            args.modules,
+            fresh=args.fresh,
+            children=args.children,
+            survivors=args.rerun_survivors,
+        )
     ):
         return code
     lines, survivors = table(args.root, args.modules)

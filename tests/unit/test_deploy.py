@@ -338,6 +338,10 @@ def test_host_paths(pod_spec: Obj, container: Obj, env: dict[str, Obj]) -> None:
         assert mount["name"] == volume["name"]
         assert bool(mount.get("readOnly", False)) is read_only, path
         assert "subPath" not in mount
+        # Submounts under a read-only host path (other pods' volumes under the kubelet's
+        # root) read-only too where the runtime can; mounts made later never propagate in.
+        assert mount.get("recursiveReadOnly") == ("IfPossible" if read_only else None), path
+        assert "mountPropagation" not in mount, path
     assert env["KUBELET_DRA_PLUGINS_REGISTRY"]["value"] == "/var/lib/kubelet/plugins_registry"
     assert env["KUBELET_DRA_STATE_DIR"]["value"] == "/var/lib/kubelet-dra-health"
     assert env["KUBELET_DRA_KUBELET_ROOT_DIR"]["value"] == "/host/var/lib/kubelet"

@@ -82,11 +82,12 @@ def test_flush_batches_many_reports_into_one_commit(tmp_path: pathlib.Path) -> N
     db2.close()
 
 
-def test_sqlite_runs_wal_with_synchronous_normal(tmp_path: pathlib.Path) -> None:
+def test_sqlite_runs_wal_with_synchronous_full(tmp_path: pathlib.Path) -> None:
+    # FULL: a returned commit survives a power loss (tests/powerloss measures it).
     db = store.HealthStore.open(tmp_path)
     assert db._db is not None
     assert db._db.conn.select_one("PRAGMA journal_mode") == ("wal",)
-    assert db._db.conn.select_one("PRAGMA synchronous") == (1,)  # NORMAL
+    assert db._db.conn.select_one("PRAGMA synchronous") == (2,)  # FULL
     db.close()
 
 
