@@ -36,7 +36,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -138,8 +137,12 @@ def normalize(name: str) -> str:
 
 
 def project_version() -> str:
-    with (ROOT / "pyproject.toml").open("rb") as f:
-        return str(tomllib.load(f)["project"]["version"])
+    """``kubelet_dra.__version__``, read from the source (the one place it is stated)."""
+    text = (ROOT / "kubelet_dra/__init__.py").read_text(encoding="utf-8")
+    match = re.search(r'^__version__ = "([^"]+)"', text, re.MULTILINE)
+    if match is None:
+        raise SystemExit("no __version__ in kubelet_dra/__init__.py")
+    return match[1]
 
 
 def source_date_epoch() -> int:
