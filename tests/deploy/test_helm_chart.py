@@ -493,7 +493,7 @@ CASES = [
     Case(
         "image.digest",
         {"image": {"digest": "sha256:" + "ab" * 32}},
-        _container_is(image="ghcr.io/example/kubelet-dra-health@sha256:" + "ab" * 32),
+        _container_is(image="localhost/kubelet-dra-health@sha256:" + "ab" * 32),
     ),
     Case(
         "image.pullPolicy",
