@@ -168,7 +168,7 @@ def test_cache_matches_the_kubelet_model(sequence: list[Any]) -> None:
             key for key, record in cache.records() if record.expired(now) and key.driver == driver
         } & {models.DeviceKey(driver, r.pool, r.device) for r in batch}
         held = {key for key, _ in cache.records() if key.driver == driver} & diverged
-        theirs_held = {key for key in model.keys() if key.driver == driver} & diverged
+        theirs_held = {key for key in set(model.keys()) if key.driver == driver} & diverged
         ours = set(cache.update(driver, batch, now=now, endpoint=driver))
         theirs = model.update(driver, batch, now)
         if held:  # kept records count towards our cap: what we refused and the kubelet took

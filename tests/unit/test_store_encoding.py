@@ -14,6 +14,7 @@ import logging
 import math
 import pathlib
 import sqlite3
+from typing import Any
 
 import pytest
 
@@ -138,7 +139,7 @@ def test_the_bulk_load_reads_every_row_once_in_chunks(
     rows = many(7)
     db = store.HealthStore.open(tmp_path)
     write(db, rows)
-    assert list(db._load_chunks()) == list(rows.items())  # the fast path, not the fallback
+    assert chunks(db) == list(rows.items())  # the fast path, not the fallback
     assert db.load() == list(rows.items())
     assert db.skipped_rows == 0
     db.close()
@@ -146,7 +147,7 @@ def test_the_bulk_load_reads_every_row_once_in_chunks(
 
 def test_the_bulk_load_of_an_empty_file_is_empty(tmp_path: pathlib.Path) -> None:
     db = store.HealthStore.open(tmp_path)
-    assert list(db._load_chunks()) == []
+    assert chunks(db) == []
     assert db.load() == []
     db.close()
 
@@ -160,6 +161,25 @@ def test_rows_written_in_many_statements_all_arrive(
     write(db, rows)
     assert dict(db.load()) == rows
     db.close()
+
+
+def _read(db: store.HealthStore, how: Any) -> list[Any]:
+    """What a loader reads, on a read-only connection of its own (as ``load`` does)."""
+    conn = sqlite3.connect(db.path.absolute().as_uri() + "?mode=ro", uri=True)
+    try:
+        return list(how(conn))
+    finally:
+        conn.close()
+
+
+def chunks(db: store.HealthStore) -> list[Any]:
+    """The bulk path alone (it raises where ``load`` falls back to rows)."""
+    return _read(db, db._load_chunks)
+
+
+def rows_one_by_one(db: store.HealthStore) -> list[Any]:
+    """The row-by-row path alone."""
+    return _read(db, db._load_rows)
 
 
 def raw_rows(db: store.HealthStore, values: list[str]) -> None:
@@ -179,7 +199,7 @@ def test_a_value_holding_two_objects_fails_the_bulk_path_and_is_skipped(
     db = store.HealthStore.open(tmp_path)
     raw_rows(db, [good, f"{good},{good}"])
     with pytest.raises(ValueError):  # load() catches it and reads row by row
-        list(db._load_chunks())
+        chunks(db)
     assert db.load() == [(models.DeviceKey("d", "p", "0"), RECORDS[1])]
     assert db.skipped_rows == 1
     db.close()
@@ -246,8 +266,8 @@ def test_a_row_without_an_optional_field_reads_its_default(
     del value[absent]
     db = store.HealthStore.open(tmp_path)
     raw_rows(db, [json.dumps(value)])
-    [(_, record)] = list(db._load_chunks())
+    [(_, record)] = chunks(db)
     assert getattr(record, absent) == default
-    [(_, record)] = list(db._validate_rows([("k", json.dumps(value))]))
+    [(_, record)] = rows_one_by_one(db)
     assert getattr(record, absent) == default
     db.close()
