@@ -22,8 +22,9 @@ import hashlib
 import io
 import sys
 import tarfile
-import tomllib
 from pathlib import Path
+
+import kubelet_dra
 
 ROOT = Path(__file__).resolve().parents[2]
 KREW = ROOT / "deploy" / "krew"
@@ -36,9 +37,9 @@ MTIME = 1767225600
 
 
 def version() -> str:
-    """The package's version, as the manifest writes it (``v0.1.0``)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return "v" + str(project["version"])
+    """The package's version (``kubelet_dra.__version__``, its one place), as the manifest
+    writes it (``v0.1.0``)."""
+    return "v" + kubelet_dra.__version__
 
 
 def archive_name() -> str:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import pathlib
 import re
+import threading
+import types
+from typing import Any
 
 import pytest
 
@@ -23,8 +26,14 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("", "_bucket", "_count", "_su
 
 def exposed() -> frozenset[str]:
     state = metrics.State(taints=metrics.TaintState(state="active", rules={}, writes={}))
-    families = metrics.Metrics(lambda: state).registry.collect()
+    families = [*metrics.Metrics(lambda: state).registry.collect(), *_server_families()]
     return frozenset(f.name + suffix for f in families for suffix in _SUFFIXES.get(f.type, ("",)))
+
+
+def _server_families() -> list[Any]:
+    """The metrics server's own counters (registered when it serves)."""
+    server = types.SimpleNamespace(_refused_lock=threading.Lock(), refused={})
+    return list(metrics._ServerCollector(server).collect())  # type: ignore[arg-type]
 
 
 def mentioned(text: str) -> set[str]:
