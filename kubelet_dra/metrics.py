@@ -147,6 +147,15 @@ def _counter(name: str, doc: str, labels: list[str]) -> core.CounterMetricFamily
     return core.CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
 
 
+def _by_reason(
+    metric: core.CounterMetricFamily | core.GaugeMetricFamily, counts: Mapping[str, float]
+) -> core.CounterMetricFamily | core.GaugeMetricFamily:
+    """``metric`` with one sample per reason of ``counts``."""
+    for reason, count in counts.items():
+        metric.add_metric([reason], count)
+    return metric
+
+
 def _stream_metrics(state: State) -> Iterator[core.Metric]:
     stream = _gauge(
         "stream_state",
@@ -181,34 +190,30 @@ def _driver_metrics(state: State) -> Iterator[core.Metric]:
     for (driver, reason), count in state.refused.items():
         refused.add_metric([driver, reason], count)
     # No driver label: a refused name may be anything (up to any length).
-    registrations = _counter(
-        "registrations_refused",
-        "Plugin registrations refused by validation, by reason.",
-        ["reason"],
+    registrations = _by_reason(
+        _counter("registrations_refused", "Plugin registrations refused by validation, by reason.",
+                 ["reason"]),
+        state.registrations_refused,
+    )  # fmt: skip
+    failures = _by_reason(
+        _counter(
+            "registration_failures",
+            "Registration attempts that failed and are retried (GetInfo errors), by gRPC code.",
+            ["reason"],
+        ),
+        state.registration_failures,
     )
-    for reason, count in state.registrations_refused.items():
-        registrations.add_metric([reason], count)
-    failures = _counter(
-        "registration_failures",
-        "Registration attempts that failed and are retried (GetInfo errors), by gRPC code.",
-        ["reason"],
-    )
-    for reason, count in state.registration_failures.items():
-        failures.add_metric([reason], count)
-    ignored = _gauge(
-        "registry_ignored_entries",
-        "Entries of the plugins registry the last scan passed over, by reason.",
-        ["reason"],
-    )
-    for reason, count in state.registry_ignored.items():
-        ignored.add_metric([reason], count)
-    checkpoint = _counter(
-        "checkpoint_refused",
-        "Reads of the kubelet's DRA checkpoint (dra_manager_state) refused, by reason.",
-        ["reason"],
-    )
-    for reason, count in state.checkpoint_refused.items():
-        checkpoint.add_metric([reason], count)
+    ignored = _by_reason(
+        _gauge("registry_ignored_entries",
+               "Entries of the plugins registry the last scan passed over, by reason.", ["reason"]),
+        state.registry_ignored,
+    )  # fmt: skip
+    checkpoint = _by_reason(
+        _counter("checkpoint_refused",
+                 "Reads of the kubelet's DRA checkpoint (dra_manager_state) refused, by reason.",
+                 ["reason"]),
+        state.checkpoint_refused,
+    )  # fmt: skip
     yield from (reports, updates, age, refused, registrations, failures, ignored, checkpoint)
 
 
@@ -448,9 +453,7 @@ class _ServerCollector(registry.Collector):
         )
         with self._server._refused_lock:
             counts = dict(self._server.refused)
-        for reason, count in counts.items():
-            refused.add_metric([reason], count)
-        yield refused
+        yield _by_reason(refused, counts)
 
 
 def _client(address: Any) -> str:

@@ -12,8 +12,6 @@ import asyncio
 import logging
 import socket
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -22,15 +20,9 @@ from prometheus_client import parser
 from kubelet_dra import metrics
 from kubelet_dra.testing import eventually_sync
 
+from ._http import get
+
 IDLE = 0.5
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return int(answer.status), answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
 
 
 @pytest.fixture

@@ -20,15 +20,9 @@ import pytest
 from kubelet_dra import errors, metrics
 from kubelet_dra.testing import eventually_sync
 
+from ._http import get
+
 STALL = 0.3
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return int(answer.status), answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read().decode()
 
 
 class Checks:
