@@ -248,9 +248,16 @@ async def test_sidecar_taints_and_untaints(sockdir: pathlib.Path, api: FakeApiSe
         assert rule["spec"]["taint"]["effect"] == "NoSchedule"
         assert rule["spec"]["deviceSelector"]["device"] == "gpu-0"
         url = await sidecar.metrics_url()
-        code, text = await http_get(f"{url}/metrics")
-        assert code == 200
-        assert 'kubelet_dra_taint_rules{effect="NoSchedule"} 1.0' in text
+
+        async def scraped() -> str:
+            # The rule is in the API once the create is processed; the bridge counts
+            # it once it has the answer, a moment later.
+            code, text = await http_get(f"{url}/metrics")
+            assert code == 200
+            assert 'kubelet_dra_taint_rules{effect="NoSchedule"} 1.0' in text
+            return text
+
+        text = await eventually(scraped, what="the rule counted in /metrics", timeout=WAIT)
         assert 'kubelet_dra_taint_bridge{state="active"} 1.0' in text
         assert 'kubelet_dra_taint_rule_writes_total{op="create",result="ok"} 1.0' in text
         code, body = await http_get(f"{url}/readyz")
