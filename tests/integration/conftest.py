@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -36,3 +38,16 @@ async def stack(
 @pytest.fixture
 def cluster_objects(api: FakeApiServer) -> None:
     cluster(api)
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running in a thread of its own, as the sidecar's pipeline loop is
+    beside the metrics server's threads."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()

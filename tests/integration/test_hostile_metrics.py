@@ -13,7 +13,6 @@ import contextlib
 import logging
 import socket
 import threading
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client import parser
@@ -24,17 +23,6 @@ from kubelet_dra.testing import eventually_sync
 from ._http import get
 
 IDLE = 0.5
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    loop.close()
 
 
 def _server(loop: asyncio.AbstractEventLoop, **limits: float) -> metrics.Server:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -33,17 +32,6 @@ class Checks:
 
     def __call__(self) -> Mapping[str, str]:
         return dict(self.answers)
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    loop.close()
 
 
 @pytest.fixture
