@@ -301,6 +301,9 @@ async def test_notify_registration_failure_answer(
             )
     assert failed.value.code() == grpc.StatusCode.UNKNOWN
     assert failed.value.details() == "failed registration process: kubelet said no"
+    # The Go helper logs a call after it has answered it, on a pipe read by a thread: the
+    # second call's event may still be in flight when the answer is here.
+    await eventually(lambda: len(drv.notifications()) >= 2, what="both notifications", timeout=10)
     assert drv.notifications() == [(True, ""), (False, "kubelet said no")]
 
 
