@@ -1,9 +1,12 @@
 """``python -m tests.fuzz``: run the atheris targets one after the other (``tox -e fuzz``).
 
 No kubelet counterpart. Each target gets ``--minutes`` of wall time
-(libFuzzer's ``-max_total_time``); a target that crashes is started again
-for what is left of its time (up to ``--restarts`` times), so one bug does
-not end the run. New inputs and crash files go to ``--work`` (the kept seeds
+(libFuzzer's ``-max_total_time``), or with ``--cpu-minutes`` that much CPU
+time (user + system of the target's processes, from ``wait4``): on a shared
+machine a niced target gets a fraction of a core, so it is started again,
+on the corpus it grew, until it has used its CPU time. A target that crashes
+is started again for what is left of its time (up to ``--restarts`` times),
+so one bug does not end the run. New inputs and crash files go to ``--work`` (the kept seeds
 in ``tests/fuzz/corpus`` are only read). At the end a table gives, per
 target, executions, coverage (libFuzzer's ``cov``: instrumented edges of
 the package reached; ``ft``: features), the corpus size, CPU seconds and
@@ -58,19 +61,31 @@ def _run_once(
     return log.read_bytes(), usage.ru_utime + usage.ru_stime
 
 
-def run(target: str, minutes: float, work: pathlib.Path, restarts: int) -> Result:
+# A CPU-budget run shorter than this is not started: libFuzzer's start-up
+# (loading the corpus) would be most of it.
+_MIN_RUN_S = 5
+
+
+def _left(result: Result, budget: int, cpu: bool, start: float) -> int:
+    used = result.cpu if cpu else time.monotonic() - start
+    left = budget - int(used)
+    return 0 if cpu and left < _MIN_RUN_S else left
+
+
+def run(
+    target: str, minutes: float, work: pathlib.Path, restarts: int, *, cpu: bool = False
+) -> Result:
+    """Fuzz ``target`` for ``minutes`` of wall time, or of CPU time if ``cpu``."""
     result = Result(target)
     budget = int(minutes * 60)
     log = work / f"{target}.log"
     log.unlink(missing_ok=True)
     start = time.monotonic()
-    for _ in range(restarts + 1):
-        left = budget - int(time.monotonic() - start)
-        if left <= 0:
-            break
+    crashes_left = restarts
+    while (left := _left(result, budget, cpu, start)) > 0:
         offset = log.stat().st_size if log.exists() else 0
-        text, cpu = _run_once(target, left, work, log)
-        result.cpu += cpu
+        text, used = _run_once(target, left, work, log)
+        result.cpu += used
         part = text[offset:]
         stats = _DONE.findall(part) or _STAT.findall(part)
         if stats:
@@ -81,7 +96,14 @@ def run(target: str, minutes: float, work: pathlib.Path, restarts: int) -> Resul
         if not crashed and b"fuzz runner: " in part:
             crashed = [f"(no input kept; see {log})"]
         result.crashes += crashed
-        if not crashed:
+        # A wall budget is spent when a run ends without a crash; a CPU budget
+        # goes on with another run (wall time is at least CPU time, so each
+        # run's -max_total_time of what is left never overshoots it).
+        if crashed:
+            crashes_left -= 1
+            if crashes_left < 0:
+                break
+        elif not cpu or used < 1:
             break
     result.wall = time.monotonic() - start
     return result
@@ -92,7 +114,11 @@ def main() -> int:
     parser.add_argument(
         "targets", nargs="*", default=list(TARGETS), help=f"of {', '.join(TARGETS)}"
     )
-    parser.add_argument("--minutes", type=float, default=1.0, help="wall time per target")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--minutes", type=float, default=1.0, help="wall time per target")
+    budget.add_argument(
+        "--cpu-minutes", type=float, help="CPU time per target (runs again until it is used)"
+    )
     parser.add_argument(
         "--work", type=pathlib.Path, help="new inputs and crashes (default: a temp dir)"
     )
@@ -104,7 +130,10 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = []
     for target in ns.targets:
-        result = run(target, ns.minutes, work, ns.restarts)
+        if ns.cpu_minutes is not None:
+            result = run(target, ns.cpu_minutes, work, ns.restarts, cpu=True)
+        else:
+            result = run(target, ns.minutes, work, ns.restarts)
         results.append(result)
         print(
             f"{target}: {result.execs} execs, cov {result.cov}, ft {result.ft}, "
