@@ -20,6 +20,7 @@ import dataclasses
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,10 +56,31 @@ def _run_once(
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        if status:
+        _STOP.child = proc.pid
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            _STOP.child = None
+        if status and not _STOP.asked:
             out.write(f"\nfuzz runner: {target} exited with status {status}\n".encode())
     return log.read_bytes(), usage.ru_utime + usage.ru_stime
+
+
+class _Stop:
+    """SIGTERM to the runner: passed to the running target (libFuzzer stops as on SIGINT,
+    with its figures; SIGINT itself may be ignored, as in a background job), and no
+    further run; the table is printed as at the end."""
+
+    asked = False
+    child: int | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.asked = True
+        if self.child is not None:
+            os.kill(self.child, signal.SIGTERM)
+
+
+_STOP = _Stop()
 
 
 # A CPU-budget run shorter than this is not started: libFuzzer's start-up
@@ -82,7 +104,7 @@ def run(
     log.unlink(missing_ok=True)
     start = time.monotonic()
     crashes_left = restarts
-    while (left := _left(result, budget, cpu, start)) > 0:
+    while not _STOP.asked and (left := _left(result, budget, cpu, start)) > 0:
         offset = log.stat().st_size if log.exists() else 0
         text, used = _run_once(target, left, work, log)
         result.cpu += used
@@ -129,7 +151,10 @@ def main() -> int:
     work = ns.work or pathlib.Path(tempfile.mkdtemp(prefix="kubelet-dra-fuzz-"))
     work.mkdir(parents=True, exist_ok=True)
     results = []
+    signal.signal(signal.SIGTERM, _STOP)
     for target in ns.targets:
+        if _STOP.asked:
+            break
         if ns.cpu_minutes is not None:
             result = run(target, ns.cpu_minutes, work, ns.restarts, cpu=True)
         else:
