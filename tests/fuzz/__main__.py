@@ -10,7 +10,8 @@ so one bug does not end the run. New inputs and crash files go to ``--work`` (th
 in ``tests/fuzz/corpus`` are only read). At the end a table gives, per
 target, executions, coverage (libFuzzer's ``cov``: instrumented edges of
 the package reached; ``ft``: features), the corpus size, CPU seconds and
-the crash files; the exit code is 1 if anything crashed or hung.
+the crash files; the exit code is 1 if anything crashed or hung. ``--keep``
+merges the new inputs into the kept corpora (libFuzzer's ``-merge=1``).
 """
 
 from __future__ import annotations
@@ -50,12 +51,8 @@ def _run_once(
         sys.executable, "-m", f"tests.fuzz.{target}", "--work", str(work),
         f"-max_total_time={seconds}", "-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1",
     ]  # fmt: skip
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
-    }
     with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env())
         _STOP.child = proc.pid
         try:
             _, status, usage = os.wait4(proc.pid, 0)
@@ -131,6 +128,31 @@ def run(
     return result
 
 
+def keep(target: str, work: pathlib.Path) -> int:
+    """Merge ``target``'s new inputs in ``work`` into its kept corpus (libFuzzer's
+    ``-merge=1``: an input is added only if it reaches a feature the kept ones do not; the
+    kept ones, the bug inputs among them, all stay). Returns how many were added."""
+    kept = _corpus_dir(target)
+    before = set(os.listdir(kept))
+    cmd = [sys.executable, "-m", f"tests.fuzz.{target}", "--work", str(work),
+           "-merge=1", "-timeout=10", "-rss_limit_mb=2048", str(kept)]  # fmt: skip
+    log = work / f"{target}.merge.log"
+    with log.open("wb") as out:
+        subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), check=True)
+    return len(set(os.listdir(kept)) - before)
+
+
+def _corpus_dir(target: str) -> pathlib.Path:
+    return pathlib.Path(__file__).parent / "corpus" / target.removeprefix("fuzz_")
+
+
+def _env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__)
     parser.add_argument(
@@ -146,6 +168,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--restarts", type=int, default=20, help="restarts after a crash, per target"
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="then merge each target's new inputs into tests/fuzz/corpus (with --minutes 0 and "
+        "--work DIR of an earlier run: only that)",
     )
     ns = parser.parse_args()
     work = ns.work or pathlib.Path(tempfile.mkdtemp(prefix="kubelet-dra-fuzz-"))
@@ -166,6 +194,9 @@ def main() -> int:
             f"{len(result.crashes)} crashes",
             flush=True,
         )
+    if ns.keep:
+        for target in ns.targets:
+            print(f"{target}: {keep(target, work)} inputs added to the kept corpus", flush=True)
     print(f"\nwork dir: {work}")
     print("| target | executions | coverage (cov / ft) | corpus | CPU s | wall s | crashes |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
