@@ -49,7 +49,8 @@ def _run_once(
 ) -> tuple[bytes, float]:
     cmd = [
         sys.executable, "-m", f"tests.fuzz.{target}", "--work", str(work),
-        f"-max_total_time={seconds}", "-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1",
+        f"-max_total_time={seconds}", f"-timeout={_TIMEOUT.seconds}", "-rss_limit_mb=2048",
+        "-print_final_stats=1",
     ]  # fmt: skip
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env())
@@ -61,6 +62,16 @@ def _run_once(
         if status and not _STOP.asked:
             out.write(f"\nfuzz runner: {target} exited with status {status}\n".encode())
     return log.read_bytes(), usage.ru_utime + usage.ru_stime
+
+
+class _Timeout:
+    """libFuzzer's ``-timeout``: an input running longer is a hang. It is wall time, so a
+    niced target on a loaded machine needs more (``--timeout``)."""
+
+    seconds = 10
+
+
+_TIMEOUT = _Timeout()
 
 
 class _Stop:
@@ -135,7 +146,7 @@ def keep(target: str, work: pathlib.Path) -> int:
     kept = _corpus_dir(target)
     before = set(os.listdir(kept))
     cmd = [sys.executable, "-m", f"tests.fuzz.{target}", "--work", str(work),
-           "-merge=1", "-timeout=10", "-rss_limit_mb=2048", str(kept)]  # fmt: skip
+           "-merge=1", f"-timeout={_TIMEOUT.seconds}", "-rss_limit_mb=2048", str(kept)]  # fmt: skip
     log = work / f"{target}.merge.log"
     with log.open("wb") as out:
         subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), check=True)
@@ -175,7 +186,14 @@ def main() -> int:
         help="then merge each target's new inputs into tests/fuzz/corpus (with --minutes 0 and "
         "--work DIR of an earlier run: only that)",
     )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=10,
+        help="wall seconds after which one input is a hang (libFuzzer's -timeout; default 10)",
+    )
     ns = parser.parse_args()
+    _TIMEOUT.seconds = ns.timeout
     work = ns.work or pathlib.Path(tempfile.mkdtemp(prefix="kubelet-dra-fuzz-"))
     work.mkdir(parents=True, exist_ok=True)
     results = []
