@@ -122,7 +122,9 @@ def run(
             execs, cov, ft, corp = map(int, stats[-1])
             result.execs += execs
             result.cov, result.ft, result.corpus = max(result.cov, cov), max(result.ft, ft), corp
-        crashed = [c.decode() for c in re.findall(rb"Test unit written to (\S+)", part)]
+        # libFuzzer also writes the slowest input so far ("slow-unit-"): not a stop.
+        written = [c.decode() for c in re.findall(rb"Test unit written to (\S+)", part)]
+        crashed = [c for c in written if not pathlib.Path(c).name.startswith("slow-unit-")]
         if not crashed and b"fuzz runner: " in part:
             crashed = [f"(no input kept; see {log})"]
         result.crashes += crashed
