@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from kubelet_dra.kube import NodePods, StatusWriter
     from kubelet_dra.manager import DRAHealthManager
     from kubelet_dra.models import DeviceHealth, DeviceKey, DeviceReport, HealthStatus
-    from kubelet_dra.plugin.plugins import PluginManager
     from kubelet_dra.plugin.getinfo import PluginInfo, make_plugin_info
+    from kubelet_dra.plugin.plugins import PluginManager
     from kubelet_dra.plugin.registration import EventKind, PluginEvent, RegistryWatcher
     from kubelet_dra.settings import ContainerStatusMode, Role, Settings
     from kubelet_dra.sidecar import Sidecar
