@@ -42,7 +42,6 @@ if TYPE_CHECKING:
         KubeletDraError,
         PodGone,
         RegistrationError,
-        ReportError,
         StoreError,
     )
     from kubelet_dra.healthinfo import HealthCache, truncate_message
@@ -94,7 +93,6 @@ _LAZY: dict[str, tuple[str, str]] = {
     "PreparedDevice": ("kubelet_dra.claims", "PreparedDevice"),
     "RegistrationError": ("kubelet_dra.errors", "RegistrationError"),
     "RegistryWatcher": ("kubelet_dra.registration", "RegistryWatcher"),
-    "ReportError": ("kubelet_dra.errors", "ReportError"),
     "Role": ("kubelet_dra.settings", "Role"),
     "Settings": ("kubelet_dra.settings", "Settings"),
     "Sidecar": ("kubelet_dra.sidecar", "Sidecar"),
@@ -136,7 +134,6 @@ __all__ = [
     "PreparedDevice",
     "RegistrationError",
     "RegistryWatcher",
-    "ReportError",
     "Role",
     "Settings",
     "Sidecar",

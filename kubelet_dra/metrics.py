@@ -18,7 +18,7 @@ check passes and lists each check either way, with ``notes`` on what works
 but differently than configured (they never fail readiness).
 
 The port is a neighbour's to reach, so the server bounds what a client can
-hold (issue 22, hostile neighbours): a connection that sends no complete
+hold (a hostile neighbour must not starve the probes): a connection that sends no complete
 request line or headers within ``idle_timeout`` seconds is closed; at most
 ``max_connections`` are served at once (one thread each) and a connection
 over that is closed at once; a request line over 64 KiB (414), a header line

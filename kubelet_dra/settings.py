@@ -89,7 +89,7 @@ class Settings(pydantic_settings.BaseSettings):
     write_window: float = pydantic.Field(default=0.05, ge=0)
     api_qps: float = pydantic.Field(default=50.0, gt=0)
     api_burst: int = pydantic.Field(default=100, gt=0)
-    # Pod status writes in flight at once per node (issue 15: a rack failure at
+    # Pod status writes in flight at once per node (bounded because a rack failure at
     # 5,000 nodes puts rack nodes x this many writes in flight; docs/scaling.md).
     write_concurrency: int = pydantic.Field(default=8, gt=0)
     terminated_pod_ttl: float = pydantic.Field(default=600.0, ge=0)

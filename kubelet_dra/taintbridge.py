@@ -55,8 +55,8 @@ class SharedBudget(kube.TokenBucket):
     """The status writer's QPS/burst token bucket with a second, lower-priority door.
 
     The writer calls :meth:`acquire` as before; the bridge calls :meth:`acquire_spare`,
-    which takes a token only while no status write is waiting for one (and, since issue
-    15, only while more than half the burst would be left, as the writer's Events do:
+    which takes a token only while no status write is waiting for one (and only while
+    more than half the burst would be left, as the writer's Events do:
     ``kube.calls.TokenBucket``). So the two share one budget (the node's load on the API
     server stays what ``--api-qps``/``--api-burst`` allow) and a storm of pod writes is
     never slowed down by taint rules.

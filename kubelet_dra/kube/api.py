@@ -148,7 +148,7 @@ class Api:
     those generated modules (4.5 MB of source for the core group) cost about
     0.45 s to import and several MB of memory, and validate every argument
     with pydantic on each call, which a profile of the report -> PATCH path
-    showed (issue 15). Authentication, TLS, the proxy and the token refresh
+    showed. Authentication, TLS, the proxy and the token refresh
     hook are still the client's.
     """
 
