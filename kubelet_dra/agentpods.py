@@ -25,8 +25,6 @@ from kubelet_dra import settings as settings_mod
 
 logger = logging.getLogger(__name__)
 
-HealthOf = Callable[[models.DeviceKey, float], models.DeviceHealth]
-
 
 @dataclasses.dataclass(frozen=True)
 class PodHealthUpdate:
@@ -52,7 +50,7 @@ class AgentPods:
         self,
         *,
         index: claims.ClaimIndex,
-        health: HealthOf,
+        health: models.HealthOf,
         settings: settings_mod.Settings,
         clock: clock_mod.Clock,
         on_status: StatusCallback | None,

@@ -80,7 +80,7 @@ class DRAHealthManager:
         *,
         clock: clock_mod.Clock | None = None,
         on_status: StatusCallback | None = None,
-        api_client: Any = None,
+        api_client: kube.ApiClient | None = None,
         static_plugins: Sequence[registration.PluginInfo] = (),
         watch_registry: bool = True,
     ) -> None:
@@ -259,9 +259,9 @@ class DRAHealthManager:
     # -- the API side ------------------------------------------------------------
 
     async def _start_kube(self) -> None:
-        client = self._api_client or await asyncio.to_thread(
-            kube.load_client, self.settings.kubeconfig
-        )
+        client = self._api_client
+        if client is None:
+            client = await asyncio.to_thread(kube.load_client, self.settings.kubeconfig)
         api = kube.Api(client)
         node = self.settings.node_name
         if not node:
@@ -322,7 +322,7 @@ class DRAHealthManager:
         if self.writer is not None and delta.pods:
             self.writer.mark_dirty(delta.pods)
 
-    def _start_taints(self, client: Any, budget: taintbridge.SharedBudget) -> None:
+    def _start_taints(self, client: kube.ApiClient, budget: taintbridge.SharedBudget) -> None:
         """The taint bridge (docs/remediation.md), if an effect is configured."""
         if self.settings.taint_effect is settings_mod.TaintEffect.OFF:
             return

@@ -37,11 +37,10 @@ from kubelet_dra import _taint_state, claims, errors, kube, metrics, models, tai
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.kube import taintrules
+from kubelet_dra.podjson import MutableObj
 
 logger = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
-HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
 STATES = ("starting", "active", "off")
 OPS = ("create", "update", "delete")
 EFFECTS = ("None", "NoSchedule", "NoExecute")
@@ -80,11 +79,11 @@ class TaintBridge:
     def __init__(
         self,
         *,
-        client: Any,
+        client: kube.ApiClient,
         node: str,
         settings: settings_mod.Settings,
         clock: clock_mod.Clock,
-        health: HealthLookup,
+        health: models.HealthOf,
         devices: Callable[[], Iterable[models.DeviceKey]],
         resource_ids: Callable[[models.DeviceKey], tuple[str, str]] | None = None,
         budget: SharedBudget | None = None,
@@ -117,8 +116,10 @@ class TaintBridge:
         self._store = _taint_state.TaintState(settings.state_dir)
         self._window = settings.write_window
         self._resync = settings.taint_resync_interval
-        self._rules: dict[str, Obj] | None = None  # name -> our rule, None: list first
-        self._known: dict[str, Obj] = {}  # the last rules listed, for metrics while relisting
+        self._rules: dict[str, MutableObj] | None = None  # name -> our rule, None: list first
+        self._known: dict[
+            str, MutableObj
+        ] = {}  # the last rules listed, for metrics while relisting
         self._observing = False
         self._adopt = False
         self._dirty = False
@@ -334,7 +335,7 @@ class TaintBridge:
                 self.tracks[key] = taints.Track(health, now, taints.taint_from_rule(rule, now))
                 self._dirty = True
 
-    def _is_ours(self, rule: Obj) -> bool:
+    def _is_ours(self, rule: MutableObj) -> bool:
         if not isinstance(rule.get("metadata"), dict):
             return False
         labels = rule["metadata"].get("labels") or {}
@@ -346,8 +347,8 @@ class TaintBridge:
     async def _apply(self) -> None:
         rules = self._rules if self._rules is not None else {}
         desired = {key: t.taint for key, t in self.tracks.items() if t.taint is not None}
-        existing: dict[models.DeviceKey, Obj] = {}
-        surplus: list[Obj] = []
+        existing: dict[models.DeviceKey, MutableObj] = {}
+        surplus: list[MutableObj] = []
         for name in sorted(rules):
             key = taints.device_of(rules[name])
             if key is None or key not in desired or key in existing:
@@ -396,14 +397,14 @@ class TaintBridge:
             return
         logger.error("taint bridge: no free name for a rule of device %s", key)
 
-    async def _update(self, current: Obj, body: Obj) -> None:
+    async def _update(self, current: MutableObj, body: MutableObj) -> None:
         api = self._require_api()
         name = str(current["metadata"]["name"])
         answer = await self._write("update", api.replace, taints.updated(current, body))
         assert self._rules is not None
         self._rules[name] = answer
 
-    async def _delete(self, rule: Obj) -> None:
+    async def _delete(self, rule: MutableObj) -> None:
         api = self._require_api()
         meta = rule["metadata"]
         name = str(meta["name"])
@@ -458,16 +459,16 @@ class TaintBridge:
             )
             self.events.record(_node_ref(self.node), reason, message, kind="Normal")
 
-    async def _create_event(self, namespace: str, body: Obj) -> Obj:
+    async def _create_event(self, namespace: str, body: MutableObj) -> MutableObj:
         api = self._require_api()
         await self._budget.acquire_spare()
-        answer: Obj = await asyncio.to_thread(api.create_event, namespace, body)
+        answer: MutableObj = await asyncio.to_thread(api.create_event, namespace, body)
         return answer
 
-    async def _patch_event(self, namespace: str, name: str, body: Obj) -> Obj:
+    async def _patch_event(self, namespace: str, name: str, body: MutableObj) -> MutableObj:
         api = self._require_api()
         await self._budget.acquire_spare()
-        answer: Obj = await asyncio.to_thread(api.patch_event, namespace, name, body)
+        answer: MutableObj = await asyncio.to_thread(api.patch_event, namespace, name, body)
         return answer
 
     async def _save(self) -> None:
@@ -492,7 +493,7 @@ class TaintBridge:
         self._wake.clear()
 
 
-def _node_ref(node: str) -> Obj:
+def _node_ref(node: str) -> MutableObj:
     # Node events live in "default", as the kubelet's do.
     return {"apiVersion": "v1", "kind": "Node", "name": node, "namespace": "default", "uid": node}
 

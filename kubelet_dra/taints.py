@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubelet_dra import models
+from kubelet_dra.podjson import MutableObj
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubelet-dra-health"
@@ -52,8 +53,6 @@ _HASH_LEN = 10
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-
-Obj = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -189,7 +188,7 @@ def rule_body(
     thresholds: Thresholds,
     *,
     kubelet_id: str = "",
-) -> Obj:
+) -> MutableObj:
     """The DeviceTaintRule we want for one device (no apiVersion/kind: the API adds them).
 
     ``kubelet_id`` is the kubelet's ``resourceID`` of the device; it is annotated where it
@@ -244,9 +243,9 @@ def differs(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     return any(cur_taint.get(f) != want_taint[f] for f in ("key", "value", "effect"))
 
 
-def updated(current: Mapping[str, Any], desired: Obj) -> Obj:
+def updated(current: Mapping[str, Any], desired: MutableObj) -> MutableObj:
     """``current`` with the desired labels, annotations and spec, keeping its timeAdded."""
-    body: Obj = {
+    body: MutableObj = {
         "metadata": dict(current.get("metadata") or {}),
         "spec": dict(desired["spec"]),
     }

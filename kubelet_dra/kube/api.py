@@ -85,6 +85,12 @@ class Gone(CallError):
     """A watch's resourceVersion is too old (410): list again."""
 
 
+ApiClient = kubernetes.client.ApiClient
+"""The official client's ``ApiClient``: the type of every client handed to the library
+(``DRAHealthManager(api_client=...)``), named here so no module outside ``kube/`` imports
+``kubernetes`` to spell it."""
+
+
 def load_client(kubeconfig: str | os.PathLike[str] | None = None) -> kubernetes.client.ApiClient:
     """A client from ``kubeconfig``, else in-cluster config, else ``~/.kube/config``.
 

@@ -89,7 +89,6 @@ logger = logging.getLogger(__name__)
 #: the change until the device changes again.
 _LATER = (401, 403)
 
-HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
 TERMINAL = frozenset({"Succeeded", "Failed"})
 RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
 MAX_CONFLICTS = 5
@@ -124,7 +123,7 @@ class StatusWriter:
         api: kube_api.Api,
         node_name: str,
         index: claims.ClaimIndex,
-        health: HealthLookup,
+        health: models.HealthOf,
         config: settings.Settings,
         clock: clock_mod.Clock,
         limiter: calls.TokenBucket | None = None,
@@ -392,7 +391,7 @@ class StatusWriter:
     def _desired(self, state: podstate.PodState) -> podstatus.Desired:
         record = state.record
         if record is not None:
-            health: HealthLookup = lambda k, _now: record.health.get(k, models.UNKNOWN_DEVICE)  # noqa: E731
+            health: models.HealthOf = lambda k, _now: record.health.get(k, models.UNKNOWN_DEVICE)  # noqa: E731
             lookup: claims.DeviceLookup = record.lookup
             at = record.at
         else:

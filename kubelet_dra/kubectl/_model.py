@@ -39,6 +39,7 @@ from typing import Any
 
 from kubelet_dra import claims as claims_mod
 from kubelet_dra import podstatus
+from kubelet_dra.podjson import Obj
 
 API_VERSION = "kubelet-dra.io/v1alpha1"
 HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
@@ -46,7 +47,6 @@ HEALTH_VALUES = (HEALTHY, UNHEALTHY, UNKNOWN)
 _SEVERITY = {HEALTHY: 0, UNKNOWN: 1, UNHEALTHY: 2}
 _STATUS_FIELDS = (claims_mod.CONTAINERS, claims_mod.INIT_CONTAINERS)
 
-Obj = Mapping[str, Any]
 DeviceId = tuple[str, str, str]  # driver, pool, device
 # claims.device_name's form in a condition message: <driver>/<pool>/<device> (as K[, ours R]).
 # A driver has no "/", a device no "/" (DNS labels); the pool may have some.

@@ -13,6 +13,7 @@ import builtins
 import copy
 import functools
 import pathlib
+import typing
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -139,7 +140,7 @@ class Rig:
         values.update(self.overrides)
         values.update(overrides)
         self.bridge = taintbridge.TaintBridge(
-            client=None,
+            client=typing.cast("kube.ApiClient", None),  # the fake factory ignores it
             node=NODE,
             settings=settings.Settings(**values),
             clock=self.clock,
@@ -476,7 +477,7 @@ async def test_no_served_version_turns_the_bridge_off(rig: Rig) -> None:
 
 async def test_node_name_too_long_for_a_label(rig: Rig, tmp_path: pathlib.Path) -> None:
     bridge = taintbridge.TaintBridge(
-        client=None,
+        client=typing.cast("kube.ApiClient", None),  # refused before any call
         node="n" * 64,
         settings=settings.Settings(
             taint_effect=settings.TaintEffect.NO_SCHEDULE, state_dir=tmp_path

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kubelet_dra import _taint_state, models, taints
+from kubelet_dra.podjson import MutableObj
 
 H = models.HealthStatus
 KEY = models.DeviceKey("gpu.example.com", "node-a", "gpu-0")
@@ -222,7 +223,7 @@ def test_node_label_value_limit() -> None:
 # -- rule objects --------------------------------------------------------------------------------
 
 
-def body(effect: str = "NoSchedule", value: str = "Unhealthy", added: float = T0) -> taints.Obj:
+def body(effect: str = "NoSchedule", value: str = "Unhealthy", added: float = T0) -> MutableObj:
     th = thresholds(effect=effect)
     return taints.rule_body("r", "node-a", KEY, taints.Taint(value, added, "msg"), th)
 
