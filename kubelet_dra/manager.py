@@ -378,6 +378,37 @@ class DRAHealthManager:
         """Recompute these pods' desired status (after changing claims, say)."""
         self.agent.mark_dirty(uids)
 
+    def add_prepared_claim(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        devices: Iterable[claims.PreparedDevice],
+        uid: str = "",
+        pod_uids: Iterable[str] = (),
+    ) -> claims.Delta:
+        """A claim the agent prepared (after ``NodePrepareResources``), with its devices.
+
+        ``ClaimIndex.add_prepared_claim`` plus :meth:`mark_pods` of the pods it changes,
+        so a pod set before its claim gets its status without a second call.
+        """
+        delta = self.index.add_prepared_claim(
+            namespace=namespace, name=name, devices=devices, uid=uid, pod_uids=pod_uids
+        )
+        self._claims_changed(delta)
+        return delta
+
+    def remove_prepared_claim(self, *, namespace: str, name: str) -> claims.Delta:
+        """Forget a claim the agent prepared (after ``NodeUnprepareResources``); as
+        :meth:`add_prepared_claim`, the pods it changes are recomputed."""
+        delta = self.index.remove_prepared_claim(namespace=namespace, name=name)
+        self._claims_changed(delta)
+        return delta
+
+    def _claims_changed(self, delta: claims.Delta) -> None:
+        if delta.pods:
+            self.mark_pods(delta.pods)
+
     def desired(self, uid: str) -> podstatus.Desired | None:
         """The desired device status of a known pod, now."""
         return self.agent.desired(uid)
