@@ -49,7 +49,8 @@ from kubelet_dra import (
     podstatus,
     registration,
     store,
-    taintbridge,
+    taintloop,
+    taintplan,
 )
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
@@ -112,7 +113,7 @@ class DRAHealthManager:
         self.watcher: registration.RegistryWatcher | None = None
         self.writer: kube.StatusWriter | None = None
         self.pods: kube.NodePods | None = None
-        self.taints: taintbridge.TaintBridge | None = None
+        self.taints: taintloop.TaintBridge | None = None
         """The taint bridge, when ``settings.taint_effect`` is not ``off`` (API mode only)."""
         self.checkpoint: kubeletcheckpoint.CheckpointWatcher | None = None
         """The kubelet's DRA checkpoint, read for CDI device IDs (API mode, a root dir set)."""
@@ -267,7 +268,7 @@ class DRAHealthManager:
         if not node:
             raise errors.ConfigError("node name is required to watch the node's pods")
         # One QPS/burst budget for every write: pod status first, taint rules after.
-        budget = taintbridge.SharedBudget(
+        budget = kube.TokenBucket(
             qps=self.settings.api_qps, burst=self.settings.api_burst, clock=self.clock
         )
         self.writer = kube.StatusWriter(
@@ -322,11 +323,11 @@ class DRAHealthManager:
         if self.writer is not None and delta.pods:
             self.writer.mark_dirty(delta.pods)
 
-    def _start_taints(self, client: kube.ApiClient, budget: taintbridge.SharedBudget) -> None:
+    def _start_taints(self, client: kube.ApiClient, budget: kube.TokenBucket) -> None:
         """The taint bridge (docs/remediation.md), if an effect is configured."""
         if self.settings.taint_effect is settings_mod.TaintEffect.OFF:
             return
-        self.taints = taintbridge.TaintBridge(
+        self.taints = taintloop.TaintBridge(
             client=client,
             node=self.settings.node_name,
             settings=self.settings,
@@ -387,27 +388,22 @@ class DRAHealthManager:
         uid: str = "",
         pod_uids: Iterable[str] = (),
     ) -> claims.Delta:
-        """A claim the agent prepared (after ``NodePrepareResources``), with its devices.
-
-        ``ClaimIndex.add_prepared_claim`` plus :meth:`mark_pods` of the pods it changes,
-        so a pod set before its claim gets its status without a second call.
-        """
+        """``index.add_prepared_claim`` (after ``NodePrepareResources``), and the pods it
+        changes recomputed: a pod set before its claim needs no :meth:`mark_pods`."""
         delta = self.index.add_prepared_claim(
             namespace=namespace, name=name, devices=devices, uid=uid, pod_uids=pod_uids
         )
-        self._claims_changed(delta)
+        if delta.pods:
+            self.mark_pods(delta.pods)
         return delta
 
     def remove_prepared_claim(self, *, namespace: str, name: str) -> claims.Delta:
-        """Forget a claim the agent prepared (after ``NodeUnprepareResources``); as
-        :meth:`add_prepared_claim`, the pods it changes are recomputed."""
+        """``index.remove_prepared_claim`` (after ``NodeUnprepareResources``), and the
+        pods it changes recomputed."""
         delta = self.index.remove_prepared_claim(namespace=namespace, name=name)
-        self._claims_changed(delta)
-        return delta
-
-    def _claims_changed(self, delta: claims.Delta) -> None:
         if delta.pods:
             self.mark_pods(delta.pods)
+        return delta
 
     def desired(self, uid: str) -> podstatus.Desired | None:
         """The desired device status of a known pod, now."""
@@ -456,7 +452,7 @@ class DRAHealthManager:
             kubelet_removes_field=bool(stats and stats.kubelet_removes),
             field_removals=stats.field_removals if stats else 0,
             now=now,
-            taints=self.taints.metric_state() if self.taints is not None else None,
+            **_taint_metrics(self.taints),
         )
 
     def _drain_write_latencies(self) -> None:
@@ -501,3 +497,15 @@ class DRAHealthManager:
         if self.writer.stats.kubelet_removes:
             notes["container_status"] = self.writer.kubelet.note()
         return notes
+
+
+def _taint_metrics(bridge: taintloop.TaintBridge | None) -> dict[str, Any]:
+    """The bridge's counters as ``metrics.State`` fields, every series there from the start."""
+    if bridge is None:
+        return {}  # off by configuration: no taint series at all
+    writes = {(op, result): 0 for op in taintplan.OPS for result in ("ok", "failed")}
+    return {
+        "taint_bridge": bridge.state.value,
+        "taint_rules": {**dict.fromkeys(taintplan.EFFECTS, 0), **bridge.rules_by_effect()},
+        "taint_writes": {**writes, **bridge.writes},
+    }

@@ -40,6 +40,13 @@ def status(obj: Obj) -> Obj:
     return obj.get("status") or _EMPTY
 
 
+def child(obj: Obj, *fields: str) -> Obj:
+    """The object at ``fields`` below ``obj``: empty where one is missing or ``null``."""
+    for field in fields:
+        obj = obj.get(field) or _EMPTY
+    return obj
+
+
 def uid(obj: Obj) -> str:
     return str(metadata(obj).get("uid") or "")
 

@@ -28,8 +28,9 @@ window is leading-edge per pod: a pod not written within the last ``window``
 is due at once; later changes wait until a window after its last write and
 coalesce meanwhile. Each round writes every due pod's *latest* desired status
 once, under a QPS/burst token bucket shared with the taint bridge's writes
-(the manager's ``SharedBudget``; pod lists, watches and claim reads do not take
-its tokens), so each pod gets at most one write per window whatever the storm. Status writes take
+(the manager's one ``calls.TokenBucket``, of which the bridge takes spare tokens only;
+pod lists, watches and claim reads do not take its tokens), so each pod gets at most
+one write per window whatever the storm. Status writes take
 the bucket's tokens first; Events are flushed by a task of their own and take
 only spare tokens (``calls.TokenBucket``), so they never delay a status write.
 

@@ -27,6 +27,7 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from kubelet_dra import podjson
 from kubelet_dra.claims import ClaimKey
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import taintrules
@@ -242,7 +243,7 @@ class Reader:
         return [
             e
             for e in found
-            if not uid or (e.get("involvedObject") or {}).get("uid") in (None, "", uid)
+            if not uid or podjson.child(e, "involvedObject").get("uid") in (None, "", uid)
         ]
 
     # -- plumbing ----------------------------------------------------------------------------

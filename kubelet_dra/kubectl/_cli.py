@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
-from kubelet_dra import __version__
+from kubelet_dra import __version__, podjson
 from kubelet_dra import claims as claims_mod
 from kubelet_dra.kube.events import DEVICE_HEALTH_UNKNOWN, DEVICE_HEALTHY, DEVICE_UNHEALTHY
 from kubelet_dra.kubectl import _model as model
@@ -446,7 +446,7 @@ def _apply_batch(view: View, batch: list[Any], version: str) -> tuple[str, bool]
                 raise ToolError(f"watch of pods: {obj.get('message') or obj}")
             version = view.load()  # too old: list again
             continue
-        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+        version = podjson.resource_version(obj) or version
         if kind != "BOOKMARK":
             view.apply(kind, obj)
     return version, ended

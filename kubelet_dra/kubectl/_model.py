@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kubelet_dra import claims as claims_mod
-from kubelet_dra import podstatus
+from kubelet_dra import podjson, podstatus
 from kubelet_dra.podjson import Obj
 
 API_VERSION = "kubelet-dra.io/v1alpha1"
@@ -375,16 +375,16 @@ def taints_for(device: DeviceId | None, rules: Sequence[Obj]) -> list[Taint]:
         return []
     found = []
     for rule in rules:
-        spec = rule.get("spec") or {}
+        spec = podjson.spec(rule)
         if _selects(spec.get("deviceSelector"), device):
-            taint = spec.get("taint") or {}
+            taint = podjson.child(spec, "taint")
             value = taint.get("value")
             found.append(
                 Taint(
                     str(taint.get("key", "")),
                     None if value is None else str(value),
                     str(taint.get("effect", "")),
-                    str((rule.get("metadata") or {}).get("name", "")),
+                    str(podjson.metadata(rule).get("name", "")),
                 )
             )
     return sorted(found, key=lambda t: (t.key, t.rule))
