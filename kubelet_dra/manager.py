@@ -191,9 +191,7 @@ class DRAHealthManager:
         if self.watcher is not None:
             await self.watcher.close()
         await self._drain_writer(timeout=2.0)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await clock_mod.cancel_and_wait(*self._tasks)
         self._tasks.clear()
         if self.writer is not None:
             await self.writer.aclose()  # a drain may have opened connections after the writer

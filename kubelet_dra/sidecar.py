@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kubelet_dra import kube, metrics
+from kubelet_dra import clock, kube, metrics
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.manager import DRAHealthManager
 
@@ -59,10 +59,8 @@ class Sidecar:
         logger.info("metrics, /healthz and /readyz on http://%s", self.server.address)
 
     async def _stop_metrics(self) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
-            await asyncio.gather(self._beat, return_exceptions=True)
-            self._beat = None
+        beat, self._beat = self._beat, None
+        await clock.cancel_and_wait(beat)
         if self.server is not None:
             # shutdown() waits for the serving thread's poll; keep it off the loop.
             await asyncio.to_thread(self.server.stop)

@@ -299,7 +299,7 @@ class TaintBridge:
         self._observing = False
         self._adopt = False
         self._dirty = False
-        self._wake = asyncio.Event()
+        self._wake = clock_mod.Alarm(clock)
         self._backoff = BACKOFF_INITIAL
         self._retry_at: float | None = None
         self._store_failing = False
@@ -509,7 +509,9 @@ class TaintBridge:
         self._store_failing = False
 
     async def _sleep_or_wake(self, delay: float) -> None:
-        await clock_mod.sleep_or_wake(self._clock, delay, self._wake)
+        # A change observed meanwhile, due before the planned round, is not kept waiting.
+        if delay > 0:
+            await self._wake.sleep(delay)
         self._wake.clear()
 
 

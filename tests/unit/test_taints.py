@@ -389,8 +389,9 @@ def test_adopted_takes_the_rule_taint_only_where_the_track_has_none() -> None:
     tracks = {other: _tainted()}
     found = taintplan.adopted(rules, tracks, health=lambda _k: H.UNHEALTHY, now=T0 + 5)
     assert list(found) == [KEY]
-    assert found[KEY].health is H.UNHEALTHY and found[KEY].since == T0 + 5
-    assert found[KEY].taint is not None and found[KEY].taint.value == "Unknown"
+    track = found[KEY]
+    assert track.health is H.UNHEALTHY and track.since == T0 + 5
+    assert track.taint is not None and track.taint.value == "Unknown"
 
 
 def test_bridge_states_are_the_metric_label_values() -> None:
