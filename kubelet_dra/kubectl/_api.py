@@ -118,8 +118,8 @@ class ClaimFetcher(Generic[T]):
         # The scope of the pod list, not of the claims wanted so far: more pods are coming.
         found: dict[ClaimKey, T] = {}
         for item in self._reader.claim_list(self._namespace):
-            meta = item.get("metadata") or {}
-            key = ClaimKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            meta = podjson.metadata(item)
+            key = ClaimKey(str(meta.get("namespace") or ""), podjson.name(item))
             found[key] = self._convert(item)
         return found
 

@@ -258,8 +258,7 @@ class View:
                 yield claim
 
     def apply(self, kind: str, pod: Mapping[str, Any]) -> model.PodView | None:
-        meta = pod.get("metadata") or {}
-        key = (str(meta.get("namespace") or "default"), str(meta.get("name", "")))
+        key = (podjson.namespace(pod), str(podjson.metadata(pod).get("name", "")))
         if kind == "DELETED":
             self.pods.pop(key, None)
             return None

@@ -164,9 +164,7 @@ def normalize_health(value: Any) -> str:
 
 
 def pod_view(pod: Obj, condition_type: str) -> PodView:
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
+    meta, spec, status = podjson.metadata(pod), podjson.spec(pod), podjson.status(pod)
     refs: dict[str, str] = {}
     for ref in spec.get("resourceClaims") or ():
         name, _ = claims_mod.resolve_claim_name(pod, str(ref.get("name", "")))
