@@ -36,24 +36,12 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import (
-    agentpods,
-    claims,
-    errors,
-    healthinfo,
-    kube,
-    kubeletcheckpoint,
-    metrics,
-    models,
-    plugins,
-    podstatus,
-    registration,
-    store,
-    taintloop,
-    taintplan,
-)
+from kubelet_dra import agentpods, errors, kube, metrics, models, taintloop, taintplan
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
+from kubelet_dra.plugin import getinfo, plugins, registration
+from kubelet_dra.state import healthinfo, kubeletcheckpoint, store
+from kubelet_dra.status import claims, podstatus
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +70,7 @@ class DRAHealthManager:
         clock: clock_mod.Clock | None = None,
         on_status: StatusCallback | None = None,
         api_client: kube.ApiClient | None = None,
-        static_plugins: Sequence[registration.PluginInfo] = (),
+        static_plugins: Sequence[getinfo.PluginInfo] = (),
         watch_registry: bool = True,
     ) -> None:
         self.settings = settings or settings_mod.Settings()

@@ -96,7 +96,7 @@ class HealthOf(Protocol):
 
     The one signature for "look a device's health up": the status writer, the
     node-agent pod source and the taint bridge are each given one. The pod status
-    functions take it bound to their ``now`` (:data:`kubelet_dra.podstatus.BoundHealthOf`).
+    functions take it bound to their ``now`` (:data:`kubelet_dra.status.podstatus.BoundHealthOf`).
     """
 
     def __call__(self, key: DeviceKey, now: float, /) -> DeviceHealth: ...

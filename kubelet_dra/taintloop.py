@@ -35,11 +35,12 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubelet_dra import claims, errors, kube, models, podjson, taintplan, taintpolicy, taintstate
 from kubelet_dra import clock as clock_mod
+from kubelet_dra import errors, kube, models, taintplan, taintpolicy, taintstate
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.kube import taintrules
-from kubelet_dra.podjson import MutableObj, Obj
+from kubelet_dra.status import claims, podjson
+from kubelet_dra.status.podjson import MutableObj, Obj
 
 logger = logging.getLogger(__name__)
 

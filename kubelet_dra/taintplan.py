@@ -18,8 +18,9 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 
-from kubelet_dra import models, podjson, taintpolicy
-from kubelet_dra.podjson import MutableObj, Obj
+from kubelet_dra import models, taintpolicy
+from kubelet_dra.status import podjson
+from kubelet_dra.status.podjson import MutableObj, Obj
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubelet-dra-health"

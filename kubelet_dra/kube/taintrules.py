@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kubelet_dra.kube import api as kube_api
-from kubelet_dra.podjson import MutableObj
+from kubelet_dra.status.podjson import MutableObj
 
 RESOURCE = "devicetaintrules"
 GROUP = "resource.k8s.io"

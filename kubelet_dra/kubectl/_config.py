@@ -30,8 +30,8 @@ import yaml
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
-from kubelet_dra import podjson
 from kubelet_dra.kubectl._api import ToolError
+from kubelet_dra.status import podjson
 
 SERVICE_ACCOUNT_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _CLUSTER_PATHS = ("certificate-authority",)

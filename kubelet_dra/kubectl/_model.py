@@ -37,9 +37,9 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import claims as claims_mod
-from kubelet_dra import podjson, podstatus
-from kubelet_dra.podjson import Obj
+from kubelet_dra.status import claims as claims_mod
+from kubelet_dra.status import podjson, podstatus
+from kubelet_dra.status.podjson import Obj
 
 API_VERSION = "kubelet-dra.io/v1alpha1"
 HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"

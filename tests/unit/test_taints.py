@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kubelet_dra import metrics, models, taintloop, taintplan, taintpolicy, taintstate
-from kubelet_dra.podjson import MutableObj
+from kubelet_dra.status.podjson import MutableObj
 
 H = models.HealthStatus
 KEY = models.DeviceKey("gpu.example.com", "node-a", "gpu-0")

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 
-from kubelet_dra.podjson import MutableObj
-from kubelet_dra.testing import _fakeapi_status as status
-from kubelet_dra.testing import _fakeapi_store as storage
+from kubelet_dra.status.podjson import MutableObj
+from kubelet_dra.testing.fakeapi import _status as status
+from kubelet_dra.testing.fakeapi import _store as storage
 
 GROUP = "resource.k8s.io"
 TAINT_VERSIONS = ("v1", "v1beta2", "v1alpha3")

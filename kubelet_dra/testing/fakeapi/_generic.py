@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import threading
 
-from kubelet_dra.podjson import MutableObj
-from kubelet_dra.testing import _fakeapi_cluster as cluster
-from kubelet_dra.testing import _fakeapi_store as storage
+from kubelet_dra.status.podjson import MutableObj
+from kubelet_dra.testing.fakeapi import _cluster as cluster
+from kubelet_dra.testing.fakeapi import _store as storage
 
 _BUILT_IN = (*storage.RESOURCES, *cluster.DEVICE_TAINT_RULES.values())
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kubelet_dra.podjson import MutableObj
-from kubelet_dra.testing import _fakeapi_status as status
+from kubelet_dra.status.podjson import MutableObj
+from kubelet_dra.testing.fakeapi import _status as status
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kubelet_dra.podjson import MutableObj
-from kubelet_dra.testing import _fakeapi_store as storage
+from kubelet_dra.status.podjson import MutableObj
+from kubelet_dra.testing.fakeapi import _store as storage
 
 IMAGE = "registry.k8s.io/pause:3.10"
 
