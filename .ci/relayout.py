@@ -17,16 +17,16 @@ from pathlib import Path
 
 # old dotted module -> new dotted module
 MOVES: dict[str, str] = {
-    "kubelet_dra.claims": "kubelet_dra.status.claims",
-    "kubelet_dra.jsonpointer": "kubelet_dra.status.jsonpointer",
-    "kubelet_dra.podjson": "kubelet_dra.status.podjson",
-    "kubelet_dra.podstatus": "kubelet_dra.status.podstatus",
-    "kubelet_dra.healthinfo": "kubelet_dra.state.healthinfo",
-    "kubelet_dra.store": "kubelet_dra.state.store",
-    "kubelet_dra.kubeletcheckpoint": "kubelet_dra.state.kubeletcheckpoint",
-    "kubelet_dra.plugins": "kubelet_dra.plugin.plugins",
-    "kubelet_dra.registration": "kubelet_dra.plugin.registration",
-    "kubelet_dra.streams": "kubelet_dra.plugin.streams",
+    "kubelet_dra.status.claims": "kubelet_dra.status.claims",
+    "kubelet_dra.status.jsonpointer": "kubelet_dra.status.jsonpointer",
+    "kubelet_dra.status.podjson": "kubelet_dra.status.podjson",
+    "kubelet_dra.status.podstatus": "kubelet_dra.status.podstatus",
+    "kubelet_dra.state.healthinfo": "kubelet_dra.state.healthinfo",
+    "kubelet_dra.state.store": "kubelet_dra.state.store",
+    "kubelet_dra.state.kubeletcheckpoint": "kubelet_dra.state.kubeletcheckpoint",
+    "kubelet_dra.plugin.plugins": "kubelet_dra.plugin.plugins",
+    "kubelet_dra.plugin.registration": "kubelet_dra.plugin.registration",
+    "kubelet_dra.plugin.streams": "kubelet_dra.plugin.streams",
 }
 for _n in "builders cluster faults generic http ops patch status store watch".split():
     MOVES[f"kubelet_dra.testing._fakeapi_{_n}"] = f"kubelet_dra.testing.fakeapi._{_n}"
@@ -136,7 +136,7 @@ def dotted_patterns() -> list[tuple[re.Pattern[str], str]]:
             )
         )
         # paths given relative to the package, as docs often do: `healthinfo.py` stays,
-        # but `testing/_fakeapi_http.py` and `kube/...` style prefixes are rewritten
+        # but `testing/fakeapi/_http.py` and `kube/...` style prefixes are rewritten
         rel_old = path_of(old).removeprefix("kubelet_dra/")
         rel_new = path_of(new, new in PACKAGE_INIT).removeprefix("kubelet_dra/")
         if "/" in rel_old:

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
         KubeletDraError,
         PodGone,
         RegistrationError,
-        ReportError,
         StoreError,
     )
     from kubelet_dra.kube import NodePods, StatusWriter
@@ -89,7 +88,6 @@ _LAZY: dict[str, tuple[str, str]] = {
     "PreparedDevice": ("kubelet_dra.status.claims", "PreparedDevice"),
     "RegistrationError": ("kubelet_dra.errors", "RegistrationError"),
     "RegistryWatcher": ("kubelet_dra.plugin.registration", "RegistryWatcher"),
-    "ReportError": ("kubelet_dra.errors", "ReportError"),
     "Role": ("kubelet_dra.settings", "Role"),
     "Settings": ("kubelet_dra.settings", "Settings"),
     "Sidecar": ("kubelet_dra.sidecar", "Sidecar"),
@@ -131,7 +129,6 @@ __all__ = [
     "PreparedDevice",
     "RegistrationError",
     "RegistryWatcher",
-    "ReportError",
     "Role",
     "Settings",
     "Sidecar",

@@ -26,8 +26,6 @@ from kubelet_dra.status import claims, podstatus
 
 logger = logging.getLogger(__name__)
 
-HealthOf = Callable[[models.DeviceKey, float], models.DeviceHealth]
-
 
 @dataclasses.dataclass(frozen=True)
 class PodHealthUpdate:
@@ -53,7 +51,7 @@ class AgentPods:
         self,
         *,
         index: claims.ClaimIndex,
-        health: HealthOf,
+        health: models.HealthOf,
         settings: settings_mod.Settings,
         clock: clock_mod.Clock,
         on_status: StatusCallback | None,

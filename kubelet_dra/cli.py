@@ -83,7 +83,7 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "KUBELET_DRA_METRICS_ADDRESS",
         "HOST:PORT for /metrics /healthz /readyz (default 127.0.0.1:9464); empty disables",
     ),
-    # Flags since issue 15: docs/scaling.md says at which cluster size they matter.
+    # Load limits: docs/scaling.md says at which cluster size each matters.
     "--api-qps": (
         "api_qps",
         "KUBELET_DRA_API_QPS",
@@ -146,7 +146,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     The other tools (demo, watch, the fake driver) import the test kit and
     YAML at module level; a sidecar that starts with ``run`` must not pay for
-    them (issue 15: about a tenth of a restart's time to ready).
+    them (measured: about a tenth of a restart's time to ready).
     """
     parser = _Parser(
         prog="kubelet-dra-health",

@@ -15,7 +15,7 @@ import asyncio
 import heapq
 import itertools
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Clock(Protocol):
@@ -30,23 +30,80 @@ class Clock(Protocol):
         ...
 
 
-async def sleep_or_wake(clock: Clock, delay: float, wake: asyncio.Event) -> None:
-    """Wait ``delay`` seconds of ``clock``'s time or until ``wake`` is set, whichever is first.
+class Alarm:
+    """A wake-up flag that the injected clock can also set: the one "wait until a time or
+    until woken" of the pipeline (the status writer's loop, the lease deadline task and the
+    taint bridge's reconcile loop each hold one).
 
-    The taint bridge's reconcile loop sleeps this way so a change marked meanwhile, due
-    earlier than the planned round, is not kept waiting (the status writer has its own
-    alarm, ``_arm``/``_ring``, and the plugin manager's deadline task its own wait).
-    ``wake`` is left as it is: each caller clears it where its loop reads it.
+    :meth:`set` wakes now; :meth:`arm` sets the flag ``delay`` seconds of the clock from
+    now (re-armable: an earlier time already armed stays, it rings first and the caller
+    arms again for what is left); :meth:`sleep` waits for whichever comes first and leaves
+    no timer behind. Clearing the flag is the caller's, where its loop reads it.
     """
-    if delay <= 0:
-        return
-    sleeper = asyncio.ensure_future(clock.sleep(delay))
-    woken = asyncio.ensure_future(wake.wait())
-    try:
-        await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        sleeper.cancel()
-        woken.cancel()
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._flag = asyncio.Event()
+        self._timer: asyncio.Task[None] | None = None
+        self._at = 0.0
+
+    def set(self) -> None:
+        self._flag.set()
+
+    def clear(self) -> None:
+        self._flag.clear()
+
+    def is_set(self) -> bool:
+        return self._flag.is_set()
+
+    async def wait(self) -> None:
+        """Until the flag is set (by :meth:`set` or an armed time)."""
+        await self._flag.wait()
+
+    def arm(self, delay: float) -> None:
+        """Set the flag in ``delay`` seconds of the clock (an earlier armed time stays)."""
+        at = self._clock.now() + delay
+        if self._timer is not None and not self._timer.done():
+            if self._at <= at:
+                return
+            self._timer.cancel()
+        self._at = at
+        self._timer = asyncio.ensure_future(self._ring(delay))
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def sleep(self, delay: float | None) -> None:
+        """Wait ``delay`` seconds (``None``: no limit) or until set, whichever is first."""
+        if delay is not None:
+            self.arm(delay)
+        try:
+            await self._flag.wait()
+        finally:
+            self.disarm()
+
+    async def aclose(self) -> None:
+        """Cancel an armed time and wait until its timer has finished."""
+        timer, self._timer = self._timer, None
+        await cancel_and_wait(timer)
+
+    async def _ring(self, delay: float) -> None:
+        await self._clock.sleep(delay)
+        self._flag.set()
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
+    """Cancel ``tasks`` (``None`` entries skipped) and wait until each has finished.
+
+    Their results and errors are dropped: the one way a component stops its own tasks.
+    """
+    live = [task for task in tasks if task is not None]
+    for task in live:
+        task.cancel()
+    if live:
+        await asyncio.gather(*live, return_exceptions=True)
 
 
 class SystemClock:

@@ -4,7 +4,6 @@
 
     KubeletDraError
     ├── ConfigError          bad flags, settings or kubeconfig (the CLI exits 2)
-    ├── ReportError          for callers refusing a report (the library raises none)
     ├── RegistrationError    a plugin socket that cannot be registered
     ├── StoreError           the persistent health cache cannot be used
     ├── CheckpointError      the kubelet's DRA checkpoint cannot be used (reason in .reason)
@@ -25,21 +24,6 @@ class KubeletDraError(Exception):
 
 class ConfigError(KubeletDraError):
     """Invalid configuration: flags, environment, settings or kubeconfig."""
-
-
-class ReportError(KubeletDraError):
-    """A health report, or part of one, was refused; ``reason`` says why.
-
-    The library itself never raises it: a report it refuses (or the entries of
-    one it drops) becomes ``streams.Converted.refused`` and problem counts, is
-    logged and counted in metrics, and the stream goes on. It stays in the
-    public surface for code that feeds reports of its own and wants one error
-    type for them.
-    """
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 class RegistrationError(KubeletDraError):

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import agentpods, errors, kube, metrics, models, taintbridge
+from kubelet_dra import agentpods, errors, kube, metrics, models, taintloop, taintplan
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.plugin import getinfo, plugins, registration
@@ -69,7 +69,7 @@ class DRAHealthManager:
         *,
         clock: clock_mod.Clock | None = None,
         on_status: StatusCallback | None = None,
-        api_client: Any = None,
+        api_client: kube.ApiClient | None = None,
         static_plugins: Sequence[getinfo.PluginInfo] = (),
         watch_registry: bool = True,
     ) -> None:
@@ -101,7 +101,7 @@ class DRAHealthManager:
         self.watcher: registration.RegistryWatcher | None = None
         self.writer: kube.StatusWriter | None = None
         self.pods: kube.NodePods | None = None
-        self.taints: taintbridge.TaintBridge | None = None
+        self.taints: taintloop.TaintBridge | None = None
         """The taint bridge, when ``settings.taint_effect`` is not ``off`` (API mode only)."""
         self.checkpoint: kubeletcheckpoint.CheckpointWatcher | None = None
         """The kubelet's DRA checkpoint, read for CDI device IDs (API mode, a root dir set)."""
@@ -179,9 +179,7 @@ class DRAHealthManager:
         if self.watcher is not None:
             await self.watcher.close()
         await self._drain_writer(timeout=2.0)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await clock_mod.cancel_and_wait(*self._tasks)
         self._tasks.clear()
         if self.writer is not None:
             await self.writer.aclose()  # a drain may have opened connections after the writer
@@ -248,15 +246,15 @@ class DRAHealthManager:
     # -- the API side ------------------------------------------------------------
 
     async def _start_kube(self) -> None:
-        client = self._api_client or await asyncio.to_thread(
-            kube.load_client, self.settings.kubeconfig
-        )
+        client = self._api_client
+        if client is None:
+            client = await asyncio.to_thread(kube.load_client, self.settings.kubeconfig)
         api = kube.Api(client)
         node = self.settings.node_name
         if not node:
             raise errors.ConfigError("node name is required to watch the node's pods")
         # One QPS/burst budget for every write: pod status first, taint rules after.
-        budget = taintbridge.SharedBudget(
+        budget = kube.TokenBucket(
             qps=self.settings.api_qps, burst=self.settings.api_burst, clock=self.clock
         )
         self.writer = kube.StatusWriter(
@@ -311,11 +309,11 @@ class DRAHealthManager:
         if self.writer is not None and delta.pods:
             self.writer.mark_dirty(delta.pods)
 
-    def _start_taints(self, client: Any, budget: taintbridge.SharedBudget) -> None:
+    def _start_taints(self, client: kube.ApiClient, budget: kube.TokenBucket) -> None:
         """The taint bridge (docs/remediation.md), if an effect is configured."""
         if self.settings.taint_effect is settings_mod.TaintEffect.OFF:
             return
-        self.taints = taintbridge.TaintBridge(
+        self.taints = taintloop.TaintBridge(
             client=client,
             node=self.settings.node_name,
             settings=self.settings,
@@ -367,6 +365,32 @@ class DRAHealthManager:
         """Recompute these pods' desired status (after changing claims, say)."""
         self.agent.mark_dirty(uids)
 
+    def add_prepared_claim(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        devices: Iterable[claims.PreparedDevice],
+        uid: str = "",
+        pod_uids: Iterable[str] = (),
+    ) -> claims.Delta:
+        """``index.add_prepared_claim`` (after ``NodePrepareResources``), and the pods it
+        changes recomputed: a pod set before its claim needs no :meth:`mark_pods`."""
+        delta = self.index.add_prepared_claim(
+            namespace=namespace, name=name, devices=devices, uid=uid, pod_uids=pod_uids
+        )
+        if delta.pods:
+            self.mark_pods(delta.pods)
+        return delta
+
+    def remove_prepared_claim(self, *, namespace: str, name: str) -> claims.Delta:
+        """``index.remove_prepared_claim`` (after ``NodeUnprepareResources``), and the
+        pods it changes recomputed."""
+        delta = self.index.remove_prepared_claim(namespace=namespace, name=name)
+        if delta.pods:
+            self.mark_pods(delta.pods)
+        return delta
+
     def desired(self, uid: str) -> podstatus.Desired | None:
         """The desired device status of a known pod, now."""
         return self.agent.desired(uid)
@@ -414,7 +438,7 @@ class DRAHealthManager:
             kubelet_removes_field=bool(stats and stats.kubelet_removes),
             field_removals=stats.field_removals if stats else 0,
             now=now,
-            taints=self.taints.metric_state() if self.taints is not None else None,
+            **_taint_metrics(self.taints),
         )
 
     def _drain_write_latencies(self) -> None:
@@ -459,3 +483,15 @@ class DRAHealthManager:
         if self.writer.stats.kubelet_removes:
             notes["container_status"] = self.writer.kubelet.note()
         return notes
+
+
+def _taint_metrics(bridge: taintloop.TaintBridge | None) -> dict[str, Any]:
+    """The bridge's counters as ``metrics.State`` fields, every series there from the start."""
+    if bridge is None:
+        return {}  # off by configuration: no taint series at all
+    writes = {(op, result): 0 for op in taintplan.OPS for result in ("ok", "failed")}
+    return {
+        "taint_bridge": bridge.state.value,
+        "taint_rules": {**dict.fromkeys(taintplan.EFFECTS, 0), **bridge.rules_by_effect()},
+        "taint_writes": {**writes, **bridge.writes},
+    }

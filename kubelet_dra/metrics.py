@@ -18,7 +18,7 @@ check passes and lists each check either way, with ``notes`` on what works
 but differently than configured (they never fail readiness).
 
 The port is a neighbour's to reach, so the server bounds what a client can
-hold (issue 22, hostile neighbours): a connection that sends no complete
+hold (a hostile neighbour must not starve the probes): a connection that sends no complete
 request line or headers within ``idle_timeout`` seconds is closed; at most
 ``max_connections`` are served at once (one thread each) and a connection
 over that is closed at once; a request line over 64 KiB (414), a header line
@@ -87,16 +87,9 @@ class State:
     kubelet_removes_field: bool = False
     field_removals: int = 0
     now: float = 0.0
-    taints: TaintState | None = None  # None: the taint bridge is off by configuration
-
-
-@dataclasses.dataclass(frozen=True)
-class TaintState:
-    """The taint bridge's part (``taintbridge.TaintBridge.metric_state``)."""
-
-    state: str  # starting, active or off
-    rules: Mapping[str, int]  # effect -> this node's rules
-    writes: Mapping[tuple[str, str], int]  # (create|update|delete, ok|failed) -> count
+    taint_bridge: str | None = None  # starting, active or off; None: off by configuration
+    taint_rules: Mapping[str, int] = dataclasses.field(default_factory=dict)  # by effect
+    taint_writes: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
 class Metrics:
@@ -135,8 +128,8 @@ class _Collector(registry.Collector):
         yield from _device_metrics(state)
         yield from _writer_metrics(state)
         yield from _store_metrics(state)
-        if state.taints is not None:
-            yield from _taint_metrics(state.taints)
+        if state.taint_bridge is not None:
+            yield from _taint_metrics(state)
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> core.GaugeMetricFamily:
@@ -270,19 +263,19 @@ def _store_metrics(state: State) -> Iterator[core.Metric]:
 TAINT_STATES = ("starting", "active", "off")
 
 
-def _taint_metrics(taints: TaintState) -> Iterator[core.Metric]:
+def _taint_metrics(state: State) -> Iterator[core.Metric]:
     bridge = _gauge(
         "taint_bridge", "1 for the taint bridge's state (off: see /readyz for why).", ["state"]
     )
     for candidate in TAINT_STATES:
-        bridge.add_metric([candidate], 1.0 if candidate == taints.state else 0.0)
+        bridge.add_metric([candidate], 1.0 if candidate == state.taint_bridge else 0.0)
     rules = _gauge("taint_rules", "This node's DeviceTaintRules by effect.", ["effect"])
-    for effect, count in sorted(taints.rules.items()):
+    for effect, count in sorted(state.taint_rules.items()):
         rules.add_metric([effect], count)
     writes = _counter(
         "taint_rule_writes", "DeviceTaintRule writes by operation and result.", ["op", "result"]
     )
-    for (op, result), count in sorted(taints.writes.items()):
+    for (op, result), count in sorted(state.taint_writes.items()):
         writes.add_metric([op, result], count)
     yield from (bridge, rules, writes)
 

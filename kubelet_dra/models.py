@@ -15,7 +15,7 @@ instead: settings, and records read back from disk (``store.StoredDevice``).
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 class HealthStatus(enum.StrEnum):
@@ -89,3 +89,14 @@ class DeviceHealth(NamedTuple):
 
 UNKNOWN_DEVICE = DeviceHealth(HealthStatus.UNKNOWN, "", 0.0, 0.0)
 """What a device nobody reported reads as."""
+
+
+class HealthOf(Protocol):
+    """A device's stored record, read at ``now`` (``healthinfo.HealthCache.get``).
+
+    The one signature for "look a device's health up": the status writer, the
+    node-agent pod source and the taint bridge are each given one. The pod status
+    functions take it bound to their ``now`` (:data:`kubelet_dra.status.podstatus.BoundHealthOf`).
+    """
+
+    def __call__(self, key: DeviceKey, now: float, /) -> DeviceHealth: ...

@@ -14,7 +14,7 @@ import pathlib
 import pydantic
 import pydantic_settings
 
-from kubelet_dra import taints
+from kubelet_dra import taintplan
 
 
 class ContainerStatusMode(enum.StrEnum):
@@ -89,7 +89,7 @@ class Settings(pydantic_settings.BaseSettings):
     write_window: float = pydantic.Field(default=0.05, ge=0)
     api_qps: float = pydantic.Field(default=50.0, gt=0)
     api_burst: int = pydantic.Field(default=100, gt=0)
-    # Pod status writes in flight at once per node (issue 15: a rack failure at
+    # Pod status writes in flight at once per node (bounded because a rack failure at
     # 5,000 nodes puts rack nodes x this many writes in flight; docs/scaling.md).
     write_concurrency: int = pydantic.Field(default=8, gt=0)
     terminated_pod_ttl: float = pydantic.Field(default=600.0, ge=0)
@@ -133,7 +133,7 @@ class Settings(pydantic_settings.BaseSettings):
     @pydantic.field_validator("taint_key")
     @classmethod
     def _label_name(cls, value: str) -> str:
-        if not taints.valid_taint_key(value):
+        if not taintplan.valid_taint_key(value):
             raise ValueError(
                 "must be a label name ([prefix/]name, name at most 63 characters, "
                 "prefix a DNS subdomain)"

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
-from kubelet_dra import metrics
+from kubelet_dra import clock, kube, metrics
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.manager import DRAHealthManager
 
@@ -22,7 +21,9 @@ logger = logging.getLogger(__name__)
 class Sidecar:
     """``kubelet-dra-health run``: the manager in the observer role plus metrics."""
 
-    def __init__(self, settings: settings_mod.Settings, *, api_client: Any = None) -> None:
+    def __init__(
+        self, settings: settings_mod.Settings, *, api_client: kube.ApiClient | None = None
+    ) -> None:
         observer = settings.model_copy(update={"role": settings_mod.Role.OBSERVER})
         self.manager = DRAHealthManager(observer, api_client=api_client)
         self.server: metrics.Server | None = None
@@ -58,10 +59,8 @@ class Sidecar:
         logger.info("metrics, /healthz and /readyz on http://%s", self.server.address)
 
     async def _stop_metrics(self) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
-            await asyncio.gather(self._beat, return_exceptions=True)
-            self._beat = None
+        beat, self._beat = self._beat, None
+        await clock.cancel_and_wait(beat)
         if self.server is not None:
             # shutdown() waits for the serving thread's poll; keep it off the loop.
             await asyncio.to_thread(self.server.stop)

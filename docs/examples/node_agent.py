@@ -81,7 +81,7 @@ async def main(root: pathlib.Path) -> None:
         kubelet_dra.DRAHealthManager(settings, on_status=store.on_status) as manager,
     ):
         # What NodePrepareResources returned for the pod's claim.
-        manager.index.add_prepared_claim(
+        manager.add_prepared_claim(
             namespace="default",
             name="train-0-gpu",
             devices=[kubelet_dra.PreparedDevice(DRIVER, "pool", "gpu-0", cdi_ids=("gpu=0",))],

@@ -48,7 +48,7 @@ def main(root: pathlib.Path) -> None:
 
     with kubelet_dra.SyncRunner(manager) as runner:
         runner.call(
-            lambda: manager.index.add_prepared_claim(
+            lambda: manager.add_prepared_claim(
                 namespace="default",
                 name="train-0-gpu",
                 devices=[kubelet_dra.PreparedDevice(DRIVER, "pool", "gpu-0")],

@@ -93,9 +93,7 @@ async def watch(options: Options, *, out: TextIO) -> int:
     except TimeoutError:
         _say(out, options, "error" if not printed else "note", "timed out")
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await clock.cancel_and_wait(*tasks)
     return 0 if printed else 1
 
 

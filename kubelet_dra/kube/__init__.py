@@ -39,7 +39,7 @@ deadline task, like every other health change. Wiring, as the manager does it::
 
 from __future__ import annotations
 
-from kubelet_dra.kube.api import Api, CallError, load_client
+from kubelet_dra.kube.api import Api, ApiClient, CallError, load_client
 from kubelet_dra.kube.calls import TokenBucket
 from kubelet_dra.kube.events import EventRecorder
 from kubelet_dra.kube.pods import NodePods
@@ -47,6 +47,7 @@ from kubelet_dra.kube.writer import StatusWriter, WriterStats
 
 __all__ = [
     "Api",
+    "ApiClient",
     "CallError",
     "EventRecorder",
     "NodePods",

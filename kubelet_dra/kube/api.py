@@ -85,6 +85,12 @@ class Gone(CallError):
     """A watch's resourceVersion is too old (410): list again."""
 
 
+ApiClient = kubernetes.client.ApiClient
+"""The official client's ``ApiClient``: the type of every client handed to the library
+(``DRAHealthManager(api_client=...)``), named here so no module outside ``kube/`` imports
+``kubernetes`` to spell it."""
+
+
 def load_client(kubeconfig: str | os.PathLike[str] | None = None) -> kubernetes.client.ApiClient:
     """A client from ``kubeconfig``, else in-cluster config, else ``~/.kube/config``.
 
@@ -148,7 +154,7 @@ class Api:
     those generated modules (4.5 MB of source for the core group) cost about
     0.45 s to import and several MB of memory, and validate every argument
     with pydantic on each call, which a profile of the report -> PATCH path
-    showed (issue 15). Authentication, TLS, the proxy and the token refresh
+    showed. Authentication, TLS, the proxy and the token refresh
     hook are still the client's.
     """
 

@@ -4,7 +4,7 @@ Part of ``kube``. Kubelet counterpart: client-go's HTTP transport, which the
 kubelet's status manager sends its patches through without leaving its
 goroutine. Here every other request still goes through the official client
 in a worker thread (``kube.api``); the pod status PATCH alone, the request on
-the report -> PATCH path, is sent from the event loop (issue 15: the hop into
+the report -> PATCH path, is sent from the event loop (profiled: the hop into
 a worker thread, ``param_serialize``'s body walk and urllib3 cost more than
 the server's own work on the stand-in, and a thread fights the gRPC poller
 for the GIL).

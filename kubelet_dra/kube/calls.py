@@ -33,7 +33,7 @@ class TokenBucket:
     request is waiting and more than half the burst would be left: Events use
     what the status writes leave, so Events never delay the status they
     describe, and under a sustained stream of changes they wait until it
-    calms down (issue 15; the kubelet's
+    calms down (the kubelet's
     client shares one bucket between both, which is what made our latency
     with ``write_window=0`` 17 times its floor when changes came faster than
     the QPS).
@@ -111,7 +111,7 @@ class RetryingCaller:
     (the status PATCH, ``Api.json_patch_pod_status_async``). The first attempt
     is made without building tenacity's retry state: nearly every call
     succeeds at once, and that set-up was a tenth of a status write's time on
-    the event loop (issue 15). A transient failure goes on under tenacity with
+    the event loop (profiled). A transient failure goes on under tenacity with
     the same attempts, backoff and counts.
     """
 
@@ -181,8 +181,8 @@ class RetryingCaller:
         if retry_after is not None:
             # Never sooner than the server asked, and up to a quarter later: every node
             # refused in one burst gets the same Retry-After (APF's grows to 32 s),
-            # and retrying exactly on it brings them back in lockstep (issue 15's fleet
-            # run with APF on). client-go waits exactly Retry-After.
+            # and retrying exactly on it brings them back in lockstep (seen in the fleet
+            # benchmark with APF on). client-go waits exactly Retry-After.
             return float(retry_after) * (1.0 + RETRY_AFTER_SPREAD * self._rng.random())
         return float(min(5.0, 0.1 * 2 ** (attempt - 1)) * self._rng.uniform(0.5, 1.0))
 

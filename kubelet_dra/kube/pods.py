@@ -8,7 +8,7 @@ After a broken watch the node waits before it lists again, with full jitter
 (a uniform draw between 0 and the doubling step, from an injected
 ``random.Random``), so that when an apiserver restart breaks every node's
 watch at once the fleet's relists spread over the step instead of arriving
-together (issue 15; client-go's reflector jitters its relist backoff too,
+together (client-go's reflector jitters its relist backoff too,
 with a wait between the step and twice it).
 """
 

@@ -15,7 +15,7 @@ failed transiently is retried after :func:`failure_backoff`, and with
 after :func:`removal_backoff`.
 
 Who else touches the field is read from pod versions by :func:`kubelet_verdict`
-(``--container-status``, the four cases of issue 19): the kubelet writes it,
+(``--container-status``, four cases): the kubelet writes it,
 the kubelet removes it, or nobody touches it. The fourth, the API server
 dropping it, shows in our own write's answer (``kube.gates``), so what we wrote
 is recorded from that answer and a dropped field is never taken for a removal.

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from kubelet_dra.kube import api as kube_api
+from kubelet_dra.status.podjson import MutableObj
 
-Obj = dict[str, Any]
 RESOURCE = "devicetaintrules"
 GROUP = "resource.k8s.io"
 #: The versions that serve DeviceTaintRules, newest first (v1 from 1.37, v1beta2 in 1.36).
@@ -27,8 +27,8 @@ VERSIONS = ("v1", "v1beta2", "v1alpha3")
 PAGE_SIZE = 500
 
 
-def discover(client: Any) -> str | None:
-    """The newest version serving ``devicetaintrules``, or ``None``; ``client``: an ``ApiClient``.
+def discover(client: kube_api.ApiClient) -> str | None:
+    """The newest version serving ``devicetaintrules``, or ``None``.
 
     A version that is not served answers 404; a served version without the resource
     (``DRADeviceTaintRules`` off) lists other resources only.
@@ -53,7 +53,7 @@ def discover_with(api: kube_api.Api) -> str | None:
 
 def list_pages(
     api: kube_api.Api, version: str, query: list[tuple[str, str]], limit: int = PAGE_SIZE
-) -> Iterator[Obj]:
+) -> Iterator[MutableObj]:
     """Every DeviceTaintRule of ``version`` matching ``query``, page by page."""
     path = f"/apis/{GROUP}/{version}/{RESOURCE}"
     what = f"list {RESOURCE}" + "".join(f" ({value})" for key, value in query)
@@ -64,7 +64,7 @@ def list_pages(
 class TaintRules:
     """List, create, replace and delete DeviceTaintRules in one discovered version."""
 
-    def __init__(self, client: Any, version: str) -> None:
+    def __init__(self, client: kube_api.ApiClient, version: str) -> None:
         if version not in VERSIONS:
             raise ValueError(f"not a DeviceTaintRule version: {version}")
         self.version = version
@@ -72,18 +72,18 @@ class TaintRules:
         self._path = f"/apis/{GROUP}/{version}/{RESOURCE}"
         self.calls = 0
 
-    def list(self, label_selector: str) -> builtins.list[Obj]:
+    def list(self, label_selector: str) -> builtins.list[MutableObj]:
         before = self._api.calls
         try:
             return list(list_pages(self._api, self.version, [("labelSelector", label_selector)]))
         finally:
             self.calls += self._api.calls - before
 
-    def create(self, body: Obj) -> Obj:
+    def create(self, body: MutableObj) -> MutableObj:
         name = body["metadata"]["name"]
         return self._send(f"create DeviceTaintRule {name}", "POST", self._path, self._typed(body))
 
-    def replace(self, body: Obj) -> Obj:
+    def replace(self, body: MutableObj) -> MutableObj:
         """PUT with the body's resourceVersion: 409 if the rule changed meanwhile."""
         name = body["metadata"]["name"]
         return self._send(
@@ -98,18 +98,18 @@ class TaintRules:
     # Node events (the ClusterRole already grants events create and patch); their failures
     # are ``kube.CallError`` too (the event recorder only logs and counts them).
 
-    def create_event(self, namespace: str, body: Any) -> Obj:
+    def create_event(self, namespace: str, body: Any) -> MutableObj:
         self.calls += 1
         return self._api.create_event(namespace, body)
 
-    def patch_event(self, namespace: str, name: str, body: Obj) -> Obj:
+    def patch_event(self, namespace: str, name: str, body: MutableObj) -> MutableObj:
         self.calls += 1
         return self._api.patch_event(namespace, name, body)
 
     def _named(self, name: str) -> str:
         return f"{self._path}/{urllib.parse.quote(name, safe='')}"
 
-    def _typed(self, body: Obj) -> Obj:
+    def _typed(self, body: MutableObj) -> MutableObj:
         return {"apiVersion": f"{GROUP}/{self.version}", "kind": "DeviceTaintRule", **body}
 
     def _send(
@@ -117,10 +117,10 @@ class TaintRules:
         what: str,
         method: str,
         path: str,
-        body: Obj,
+        body: MutableObj,
         *,
         query: builtins.list[tuple[str, str]] | None = None,
-    ) -> Obj:
+    ) -> MutableObj:
         self.calls += 1
         manager = [("fieldManager", kube_api.FIELD_MANAGER)]
         query = manager if query is None else query

@@ -28,15 +28,16 @@ window is leading-edge per pod: a pod not written within the last ``window``
 is due at once; later changes wait until a window after its last write and
 coalesce meanwhile. Each round writes every due pod's *latest* desired status
 once, under a QPS/burst token bucket shared with the taint bridge's writes
-(the manager's ``SharedBudget``; pod lists, watches and claim reads do not take
-its tokens), so each pod gets at most one write per window whatever the storm. Status writes take
+(the manager's one ``calls.TokenBucket``, of which the bridge takes spare tokens only;
+pod lists, watches and claim reads do not take its tokens), so each pod gets at most
+one write per window whatever the storm. Status writes take
 the bucket's tokens first; Events are flushed by a task of their own and take
 only spare tokens (``calls.TokenBucket``), so they never delay a status write.
 
 ``--container-status``:
 
 - ``off`` never writes ``allocatedResourcesStatus``;
-- ``auto`` tells four cases apart (``podstate.kubelet_verdict``, issue 19):
+- ``auto`` tells four cases apart (``podstate.kubelet_verdict``):
   the kubelet writes the field (entries for our names with resource IDs we
   would not produce, CDI IDs, or our entries changed by a later version):
   we leave the field to it for that pod. The kubelet removes it (a later
@@ -85,12 +86,11 @@ logger = logging.getLogger(__name__)
 
 #: Refusals not retried at once but again after the per-pod backoff: a restarted
 #: kube-apiserver answers 403 to every non-admin user until its RBAC cache has
-#: synced (seconds; measured in the fleet benchmark, issue 15), and a rotated token
+#: synced (seconds; measured in the fleet benchmark), and a rotated token
 #: or a binding being created heals the same way. Dropping the write would lose
 #: the change until the device changes again.
 _LATER = (401, 403)
 
-HealthLookup = Callable[[models.DeviceKey, float], models.DeviceHealth]
 TERMINAL = frozenset({"Succeeded", "Failed"})
 RESULTS = ("ok", "conflict", "retried", "failed", "unchanged", "gone")
 MAX_CONFLICTS = 5
@@ -125,7 +125,7 @@ class StatusWriter:
         api: kube_api.Api,
         node_name: str,
         index: claims.ClaimIndex,
-        health: HealthLookup,
+        health: models.HealthOf,
         config: settings.Settings,
         clock: clock_mod.Clock,
         limiter: calls.TokenBucket | None = None,
@@ -160,10 +160,8 @@ class StatusWriter:
         )  # fmt: skip
         self._sem = asyncio.Semaphore(concurrency or config.write_concurrency)
         self._pods = podstate.PodStates()
-        self._wake = asyncio.Event()
+        self._wake = clock_mod.Alarm(clock)  # marks, a finished flush, and when the next is due
         self._flushing: asyncio.Task[None] | None = None
-        self._timer: asyncio.Task[None] | None = None  # wakes the loop when the next one is due
-        self._timer_at = 0.0
 
     # -- inputs --------------------------------------------------------------
 
@@ -234,10 +232,8 @@ class StatusWriter:
         try:
             await self._run()
         finally:
-            for task in (self._flushing, self._timer):
-                if task is not None:
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
+            await clock_mod.cancel_and_wait(self._flushing)
+            await self._wake.aclose()
             await self.aclose()
 
     async def aclose(self) -> None:
@@ -251,13 +247,14 @@ class StatusWriter:
                 await self._wake.wait()  # nothing planned: the next mark wakes us
             elif delay > 0:
                 # Until then, or at once when a pod is marked meanwhile. The loop
-                # always waits on the one event (a timer task sets it when the time
-                # comes): a change arriving while a later round is planned costs no
-                # task set-up and tear-down, as asyncio.wait on a sleep would, and
+                # always waits on the one alarm (armed, it sets itself when the time
+                # comes; an earlier armed time stays): a change arriving while a later
+                # round is planned costs no task set-up and tear-down, as asyncio.wait
+                # on a sleep would, and
                 # a pod due now is written without looking at the events first
-                # (issue 15: together 0.1 ms of a write's latency with the window).
+                # (measured: together 0.1 ms of a write's latency with the window).
                 self._wake.clear()
-                self._arm(delay)
+                self._wake.arm(delay)
                 await self._wake.wait()
                 pods_due = self._pods.next_due()
                 if pods_due is None or pods_due > self._clock.now():
@@ -282,20 +279,6 @@ class StatusWriter:
         if events_due is not None and events_due <= self._clock.now():
             self._flushing = asyncio.create_task(self._flush_events())
             self._flushing.add_done_callback(lambda _task: self._wake.set())
-
-    def _arm(self, delay: float) -> None:
-        """Set ``_wake`` in ``delay`` seconds of the injected clock (an earlier timer stays)."""
-        at = self._clock.now() + delay
-        if self._timer is not None and not self._timer.done():
-            if self._timer_at <= at:
-                return  # it rings first; the loop then arms again for what is left
-            self._timer.cancel()
-        self._timer_at = at
-        self._timer = asyncio.ensure_future(self._ring(delay))
-
-    async def _ring(self, delay: float) -> None:
-        await self._clock.sleep(delay)
-        self._wake.set()
 
     async def round(self) -> None:
         """One coalescing round: write every due pod once, flush events, expire records."""
@@ -393,7 +376,7 @@ class StatusWriter:
     def _desired(self, state: podstate.PodState) -> podstatus.Desired:
         record = state.record
         if record is not None:
-            health: HealthLookup = lambda k, _now: record.health.get(k, models.UNKNOWN_DEVICE)  # noqa: E731
+            health: models.HealthOf = lambda k, _now: record.health.get(k, models.UNKNOWN_DEVICE)  # noqa: E731
             lookup: claims.DeviceLookup = record.lookup
             at = record.at
         else:

@@ -20,7 +20,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import kubernetes.client
 import urllib3.exceptions
@@ -29,11 +29,12 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import taintrules
+from kubelet_dra.status import podjson
 from kubelet_dra.status.claims import ClaimKey
+from kubelet_dra.status.podjson import MutableObj
 
 logger = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 T = TypeVar("T")
 PAGE_SIZE = 500
 TIMEOUT = (10.0, 60.0)  # connect, read
@@ -61,7 +62,7 @@ class ClaimFetcher(Generic[T]):
         self,
         reader: Reader,
         namespace: str | None,
-        convert: Callable[[Obj], T],
+        convert: Callable[[MutableObj], T],
         *,
         get_limit: int = CLAIM_GET_LIMIT,
     ) -> None:
@@ -117,8 +118,8 @@ class ClaimFetcher(Generic[T]):
         # The scope of the pod list, not of the claims wanted so far: more pods are coming.
         found: dict[ClaimKey, T] = {}
         for item in self._reader.claim_list(self._namespace):
-            meta = item.get("metadata") or {}
-            key = ClaimKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            meta = podjson.metadata(item)
+            key = ClaimKey(str(meta.get("namespace") or ""), podjson.name(item))
             found[key] = self._convert(item)
         return found
 
@@ -151,12 +152,12 @@ class Reader:
 
     def pod_pages(
         self, namespace: str | None, field_selector: str, out: dict[str, str] | None = None
-    ) -> Iterator[list[Obj]]:
+    ) -> Iterator[list[MutableObj]]:
         """Pods page by page; ``out["resourceVersion"]`` is the list's version at the end."""
         path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
         return self._pages(path, field_selector, out)
 
-    def pod(self, namespace: str, name: str) -> Obj:
+    def pod(self, namespace: str, name: str) -> MutableObj:
         try:
             return self.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
         except NotFound:
@@ -168,7 +169,7 @@ class Reader:
         field_selector: str,
         resource_version: str,
         timeout_seconds: int,
-    ) -> Iterator[tuple[str, Obj]]:
+    ) -> Iterator[tuple[str, MutableObj]]:
         """Watch events (type, object) from ``resource_version`` until the server ends it."""
         path = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
         query = [
@@ -197,28 +198,28 @@ class Reader:
 
     # -- claims ----------------------------------------------------------------------------
 
-    def claim(self, key: ClaimKey) -> Obj | None:
+    def claim(self, key: ClaimKey) -> MutableObj | None:
         path = f"/apis/resource.k8s.io/v1/namespaces/{key.namespace}/resourceclaims/{key.name}"
         try:
             return self.get(path)
         except NotFound:
             return None
 
-    def claims(self, keys: Iterable[ClaimKey], namespace: str | None) -> dict[ClaimKey, Obj]:
+    def claims(self, keys: Iterable[ClaimKey], namespace: str | None) -> dict[ClaimKey, MutableObj]:
         """The claims named (those that exist): a GET each, or one paged list when many."""
-        fetcher: ClaimFetcher[Obj] = ClaimFetcher(self, namespace, lambda claim: claim)
+        fetcher: ClaimFetcher[MutableObj] = ClaimFetcher(self, namespace, lambda claim: claim)
         with fetcher:
             fetcher.want(keys)
             return fetcher.results()
 
-    def claim_list(self, namespace: str | None) -> Iterator[Obj]:
+    def claim_list(self, namespace: str | None) -> Iterator[MutableObj]:
         if namespace:
             return self._list_all(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")
         return self._list_all("/apis/resource.k8s.io/v1/resourceclaims")
 
     # -- taints and events -------------------------------------------------------------------
 
-    def taint_rules(self) -> list[Obj] | None:
+    def taint_rules(self) -> list[MutableObj] | None:
         """DeviceTaintRules of the newest served version; ``None`` if none or forbidden."""
         try:
             try:
@@ -236,34 +237,34 @@ class Reader:
                 return None
             raise
 
-    def pod_events(self, namespace: str, name: str, uid: str) -> list[Obj]:
+    def pod_events(self, namespace: str, name: str, uid: str) -> list[MutableObj]:
         selector = f"involvedObject.kind=Pod,involvedObject.name={name}"
         found = self._list_all(f"/api/v1/namespaces/{namespace}/events", selector)
         return [
             e
             for e in found
-            if not uid or (e.get("involvedObject") or {}).get("uid") in (None, "", uid)
+            if not uid or podjson.child(e, "involvedObject").get("uid") in (None, "", uid)
         ]
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def _list_all(self, path: str, field_selector: str = "") -> Iterator[Obj]:
+    def _list_all(self, path: str, field_selector: str = "") -> Iterator[MutableObj]:
         for items in self._pages(path, field_selector):
             yield from items
 
     def _pages(
         self, path: str, field_selector: str = "", out: dict[str, str] | None = None
-    ) -> Iterator[list[Obj]]:
+    ) -> Iterator[list[MutableObj]]:
         """A list page by page (``limit``/``continue``); ``out`` gets its final version."""
         query = [("fieldSelector", field_selector)] if field_selector else []
-        meta: Obj = {}
+        meta: MutableObj = {}
         for page in kube_api.pages(lambda q: self.get(path, q), query, self.page_size):
             meta = page.get("metadata") or {}
             yield list(page.get("items") or ())
         if out is not None:
             out["resourceVersion"] = str(meta.get("resourceVersion") or "")
 
-    def get(self, path: str, query: Sequence[tuple[str, str]] = ()) -> Obj:
+    def get(self, path: str, query: Sequence[tuple[str, str]] = ()) -> MutableObj:
         try:
             body: object = self._api.get_json(f"GET {path}", path, list(query), timeout=TIMEOUT)
         except kube_api.CallError as exc:

@@ -27,6 +27,7 @@ from kubelet_dra.kubectl import _model as model
 from kubelet_dra.kubectl import _render as render
 from kubelet_dra.kubectl._api import ClaimFetcher, Reader, ToolError
 from kubelet_dra.status import claims as claims_mod
+from kubelet_dra.status import podjson
 
 PROG = "kubectl dra-health"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_ON = 0, 1, 2, 3
@@ -258,8 +259,7 @@ class View:
                 yield claim
 
     def apply(self, kind: str, pod: Mapping[str, Any]) -> model.PodView | None:
-        meta = pod.get("metadata") or {}
-        key = (str(meta.get("namespace") or "default"), str(meta.get("name", "")))
+        key = (podjson.namespace(pod), str(podjson.metadata(pod).get("name", "")))
         if kind == "DELETED":
             self.pods.pop(key, None)
             return None
@@ -446,7 +446,7 @@ def _apply_batch(view: View, batch: list[Any], version: str) -> tuple[str, bool]
                 raise ToolError(f"watch of pods: {obj.get('message') or obj}")
             version = view.load()  # too old: list again
             continue
-        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+        version = podjson.resource_version(obj) or version
         if kind != "BOOKMARK":
             view.apply(kind, obj)
     return version, ended

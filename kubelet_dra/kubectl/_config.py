@@ -31,6 +31,7 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
 from kubelet_dra.kubectl._api import ToolError
+from kubelet_dra.status import podjson
 
 SERVICE_ACCOUNT_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _CLUSTER_PATHS = ("certificate-authority",)
@@ -122,7 +123,7 @@ def merge_files(files: list[pathlib.Path]) -> dict[str, Any]:
 def _absolute(
     item: dict[str, Any], inner: str, keys: tuple[str, ...], path: pathlib.Path
 ) -> dict[str, Any]:
-    body = dict(item.get(inner) or {})
+    body = dict(podjson.child(item, inner))
     for key in keys:
         value = body.get(key)
         if isinstance(value, str) and value and not os.path.isabs(value):
@@ -138,7 +139,7 @@ def _context_namespace(merged: Mapping[str, Any], context: str | None) -> str:
     name = context or merged.get("current-context")
     for item in merged.get("contexts") or ():
         if item.get("name") == name:
-            return str((item.get("context") or {}).get("namespace") or "default")
+            return str(podjson.child(item, "context").get("namespace") or "default")
     return "default"
 
 

@@ -38,7 +38,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kubelet_dra.status import claims as claims_mod
-from kubelet_dra.status import podstatus
+from kubelet_dra.status import podjson, podstatus
+from kubelet_dra.status.podjson import Obj
 
 API_VERSION = "kubelet-dra.io/v1alpha1"
 HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"
@@ -46,7 +47,6 @@ HEALTH_VALUES = (HEALTHY, UNHEALTHY, UNKNOWN)
 _SEVERITY = {HEALTHY: 0, UNKNOWN: 1, UNHEALTHY: 2}
 _STATUS_FIELDS = (claims_mod.CONTAINERS, claims_mod.INIT_CONTAINERS)
 
-Obj = Mapping[str, Any]
 DeviceId = tuple[str, str, str]  # driver, pool, device
 # claims.device_name's form in a condition message: <driver>/<pool>/<device> (as K[, ours R]).
 # A driver has no "/", a device no "/" (DNS labels); the pool may have some.
@@ -164,9 +164,7 @@ def normalize_health(value: Any) -> str:
 
 
 def pod_view(pod: Obj, condition_type: str) -> PodView:
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
+    meta, spec, status = podjson.metadata(pod), podjson.spec(pod), podjson.status(pod)
     refs: dict[str, str] = {}
     for ref in spec.get("resourceClaims") or ():
         name, _ = claims_mod.resolve_claim_name(pod, str(ref.get("name", "")))
@@ -375,16 +373,16 @@ def taints_for(device: DeviceId | None, rules: Sequence[Obj]) -> list[Taint]:
         return []
     found = []
     for rule in rules:
-        spec = rule.get("spec") or {}
+        spec = podjson.spec(rule)
         if _selects(spec.get("deviceSelector"), device):
-            taint = spec.get("taint") or {}
+            taint = podjson.child(spec, "taint")
             value = taint.get("value")
             found.append(
                 Taint(
                     str(taint.get("key", "")),
                     None if value is None else str(value),
                     str(taint.get("effect", "")),
-                    str((rule.get("metadata") or {}).get("name", "")),
+                    str(podjson.metadata(rule).get("name", "")),
                 )
             )
     return sorted(found, key=lambda t: (t.key, t.rule))

@@ -16,7 +16,7 @@ import yaml
 
 from kubelet_dra.kubectl import _model as model
 from kubelet_dra.status import claims as claims_mod
-from kubelet_dra.status import podstatus
+from kubelet_dra.status import podjson, podstatus
 
 NONE = "<none>"
 MESSAGE_WIDTH = 60
@@ -186,7 +186,7 @@ def _events(events: Sequence[Mapping[str, Any]], now: float) -> list[str]:
     ordered = sorted(events, key=_event_time)[-EVENTS_SHOWN:]
     rows = []
     for e in ordered:
-        source = (e.get("source") or {}).get("component") or e.get("reportingComponent") or ""
+        source = podjson.child(e, "source").get("component") or e.get("reportingComponent") or ""
         stamp = _event_time(e)
         rows.append([
             str(e.get("type") or ""), str(e.get("reason") or ""),
@@ -201,7 +201,7 @@ def _event_time(event: Mapping[str, Any]) -> str:
         event.get("lastTimestamp")
         or event.get("eventTime")
         or event.get("firstTimestamp")
-        or (event.get("metadata") or {}).get("creationTimestamp")
+        or podjson.metadata(event).get("creationTimestamp")
         or ""
     )
 

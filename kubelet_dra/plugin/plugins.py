@@ -114,7 +114,7 @@ class PluginManager:
         self._rng = rng or random.Random()
         self._endpoints: dict[str, _Endpoint] = {}
         self._deadline_task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._wake = clock_mod.Alarm(clock)
         self._sleeping_until: float | None = None
         self.drivers: dict[str, DriverStats] = collections.defaultdict(DriverStats)
         self.refused: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -155,9 +155,7 @@ class PluginManager:
                 if entry.task is not None:
                     entry.task.cancel()
             deadline_task, self._deadline_task = self._deadline_task, None
-            if deadline_task is not None:
-                deadline_task.cancel()
-                await asyncio.gather(deadline_task, return_exceptions=True)
+            await clock_mod.cancel_and_wait(deadline_task)
 
     # -- registration events ----------------------------------------------
 
@@ -333,20 +331,8 @@ class PluginManager:
             if deadline is None or deadline >= now:
                 # Leases expire strictly after the deadline: wake just past it.
                 self._sleeping_until = deadline
-                await self._sleep_or_wake(None if deadline is None else deadline - now + _EPSILON)
+                await self._wake.sleep(None if deadline is None else deadline - now + _EPSILON)
             self._sleeping_until = None
             changed = self.cache.expire(self._clock.now())
             self.lease_expiries += len(changed)
             await self._notify(changed)
-
-    async def _sleep_or_wake(self, delay: float | None) -> None:
-        waiters: list[asyncio.Task[object]] = [asyncio.create_task(self._wake.wait())]
-        if delay is not None:
-            waiters.append(asyncio.create_task(self._clock.sleep(delay)))
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*waiters, return_exceptions=True)

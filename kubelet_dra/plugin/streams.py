@@ -16,7 +16,7 @@ health cache) what happened as values, never by calling it back:
   state until their leases run out (``healthinfo.HealthCache.end_endpoint``).
 
 Where the kubelet retries every 5 s forever, even on ``UNIMPLEMENTED``
-(issue #141855), the generator returns on ``UNIMPLEMENTED`` and otherwise
+(kubernetes/kubernetes#141855), the generator returns on ``UNIMPLEMENTED`` and otherwise
 backs off exponentially with jitter, up to a cap, resetting after a healthy
 period. Protobuf messages stop here: v1 and v1alpha1 responses both become
 ``healthinfo.Entries``, keyed as the cache keys them (``Converted.reports``
@@ -140,7 +140,7 @@ def convert(devices: Iterable[Any], *, max_devices: int) -> Converted:
     if len(devices) > max_devices:
         problems["too_many_devices"] += 1
         return Converted({}, problems, refused="too_many_devices")
-    # The hot path (every device of every report, issue 15): one loop, no
+    # The hot path (every device of every report, profiled at scale): one loop, no
     # call per device, cheap checks first; the byte-length checks only when
     # a name or message could be over the limit (a UTF-8 character is at
     # most 4 bytes); each entry a plain tuple keyed as the cache keys it.

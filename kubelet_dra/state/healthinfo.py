@@ -251,7 +251,7 @@ class HealthCache:
     ) -> int:
         """Store each reported device; return how many new ones the cap refused."""
         # The hot path of the pipeline (every device of every report), measured
-        # to matter at 10^5 devices a second (issue 15): the report arrives
+        # to matter at 10^5 devices a second: the report arrives
         # keyed as `devices` is, records are built with tuple.__new__ (a named
         # tuple's own __new__ is a Python call), old records are unpacked
         # once, and the staged and scheduled keys are plain (driver, pool,
@@ -410,9 +410,9 @@ class HealthCache:
         self._streaming.discard((driver, endpoint))
         return self._delete_where(driver, lambda r: r.endpoint == endpoint and r.expired(now))
 
-    def clear_driver(self, driver: str, now: float) -> list[models.DeviceKey]:
+    def clear_driver(self, driver: str) -> list[models.DeviceKey]:
         """Delete every device of ``driver`` (the kubelet's clearDriver)."""
-        return self._delete_where(driver, lambda r: True)
+        return self._delete_where(driver, lambda _: True)
 
     def load(self, records: Iterable[tuple[models.DeviceKey, models.DeviceHealth]]) -> None:
         """Restore records read back from the store (no sink writes)."""
@@ -437,10 +437,6 @@ class HealthCache:
         before its state file is open and attaches the file once it is.
         """
         self._sink = sink
-
-    def snapshot(self, now: float) -> Mapping[models.DeviceKey, models.DeviceHealth]:
-        """Every device as a reader sees it at ``now``."""
-        return {key: self.get(key, now) for key, _ in self.records()}
 
     # -- internals ---------------------------------------------------------
 

@@ -75,7 +75,7 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...] = ()
     share_id: str | None = None
     # Derived once: every status computation reads them for every device of
-    # the pod (issue 15: building them on each read was a tenth of a write's
+    # the pod (profiled: building them on each read was a tenth of a write's
     # time on the event loop).
     key: models.DeviceKey = dataclasses.field(init=False, repr=False, compare=False)
     """The device as the health cache knows it."""
@@ -449,10 +449,6 @@ class ClaimIndex:
     def referenced_claims(self) -> frozenset[ClaimKey]:
         """Claims some indexed pod references: the ones the API side must fetch."""
         return frozenset(self._claim_pods)
-
-    def has_api_claim(self, key: ClaimKey) -> bool:
-        """Whether the API's copy of this claim has been read."""
-        return key in self._api
 
     # -- queries -----------------------------------------------------------
 

@@ -8,8 +8,9 @@ and read it through these accessors, which give the same zero values: any of
 namespace is ``default`` (what the API server assumes for a namespaced object
 sent without one), a missing string is ``""`` and a missing list is empty.
 
-:data:`Obj` is the one alias for "a JSON object we read". Code that builds a
-new object returns ``dict[str, Any]``.
+:data:`Obj` is the one alias for "a JSON object we read", :data:`MutableObj` the one
+for "a JSON object we build or change in place" (a request body, the fake API server's
+stored objects); no other module defines either.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from typing import Any
 
 Obj = Mapping[str, Any]
 """A JSON object as decoded from the API (read, never modified in place)."""
+
+MutableObj = dict[str, Any]
+"""A JSON object we build or change in place (a request body, a stored object)."""
 
 DEFAULT_NAMESPACE = "default"
 _EMPTY: Obj = {}
@@ -34,6 +38,13 @@ def spec(obj: Obj) -> Obj:
 
 def status(obj: Obj) -> Obj:
     return obj.get("status") or _EMPTY
+
+
+def child(obj: Obj, *fields: str) -> Obj:
+    """The object at ``fields`` below ``obj``: empty where one is missing or ``null``."""
+    for field in fields:
+        obj = obj.get(field) or _EMPTY
+    return obj
 
 
 def uid(obj: Obj) -> str:

@@ -75,7 +75,8 @@ from kubelet_dra.status.podjson import Obj
 
 logger = logging.getLogger(__name__)
 
-HealthOf = Callable[[models.DeviceKey], models.DeviceHealth]
+BoundHealthOf = Callable[[models.DeviceKey], models.DeviceHealth]
+"""A :class:`models.HealthOf` bound to the computation's ``now`` (``lambda key: get(key, now)``)."""
 REASON_HEALTHY = "AllDevicesHealthy"
 REASON_UNHEALTHY = "DeviceUnhealthy"
 REASON_UNKNOWN = "DeviceHealthUnknown"
@@ -163,7 +164,7 @@ def desired_status(
     pod: Obj,
     *,
     index: claims.DeviceLookup,
-    health_of: HealthOf,
+    health_of: BoundHealthOf,
     now: float,
     condition_type: str = "",
     with_message: bool = True,
@@ -325,7 +326,7 @@ def update_allocated_resources_status(
     status: Obj | None,
     *,
     index: claims.DeviceLookup,
-    health_of: HealthOf,
+    health_of: BoundHealthOf,
     now: float,
     with_message: bool = True,
     sidecars: bool = True,
@@ -441,7 +442,7 @@ def rfc3339(when: float) -> str:
 class _Viewer:
     """Reads each device's visible health once per computation."""
 
-    def __init__(self, health_of: HealthOf, now: float) -> None:
+    def __init__(self, health_of: BoundHealthOf, now: float) -> None:
         self._health_of = health_of
         self._now = now
         self._seen: dict[models.DeviceKey, tuple[models.HealthStatus, str]] = {}

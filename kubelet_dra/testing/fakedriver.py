@@ -47,7 +47,7 @@ from typing import Any
 
 import grpc
 
-from kubelet_dra import models
+from kubelet_dra import clock, models
 from kubelet_dra._proto.dra.v1 import api_pb2 as dra_v1_pb2
 from kubelet_dra._proto.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from kubelet_dra._proto.dra.v1beta1 import api_pb2 as dra_v1beta1_pb2
@@ -213,10 +213,8 @@ class FakeDriver:
 
     async def stop(self) -> None:
         """Stop serving (open streams are cancelled) and remove the sockets."""
-        if self._resend_task is not None:
-            self._resend_task.cancel()
-            await asyncio.gather(self._resend_task, return_exceptions=True)
-            self._resend_task = None
+        resend, self._resend_task = self._resend_task, None
+        await clock.cancel_and_wait(resend)
         for server in reversed(self._servers):
             # Bounded, so a test's teardown can never hang on gRPC's shutdown.
             with contextlib.suppress(TimeoutError):

@@ -186,17 +186,17 @@ class OurSide:
     def _publish(self, key: tuple[str, str], claim_uid: str) -> None:
         pods = self.claim_pods.get(key, set())
         if not pods:
+            # Through the index alone: the pods left frozen (unprepare) are not recomputed.
             self.manager.index.remove_prepared_claim(namespace=key[0], name=key[1])
             self.claim_devices.pop(key, None)
             return
-        delta = self.manager.index.add_prepared_claim(
+        self.manager.add_prepared_claim(
             namespace=key[0],
             name=key[1],
             uid=claim_uid,
             devices=self.claim_devices[key],
             pod_uids=sorted(pods),
         )
-        self.manager.mark_pods(delta.pods & set(self.pods))
 
     def unprepare(self, pod: Obj) -> None:
         """The pod terminated: freeze its devices' health, release its claims."""

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from kubelet_dra import manager, models, settings
-from kubelet_dra.status import podstatus
+from kubelet_dra.status import claims, podstatus
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually, make_pod
 
 from ._driver_fixtures import PIPELINE, make_settings
@@ -123,8 +123,6 @@ async def test_driver_restart_within_the_lease_writes_no_pod(
 
 
 async def test_node_agent_callback_receives_desired_status(sockdir: pathlib.Path) -> None:
-    from kubelet_dra.status import claims
-
     updates: list[manager.PodHealthUpdate] = []
     cfg = make_settings(tuning=PIPELINE, sockdir=sockdir, node_name=NODE)
     pod = make_pod("agent-pod", NODE, claims=["gpu"])
@@ -133,7 +131,7 @@ async def test_node_agent_callback_receives_desired_status(sockdir: pathlib.Path
         FakeDriver(name=DRIVER, registry=sockdir / "reg") as driver,
         manager.DRAHealthManager(cfg, on_status=updates.append) as mgr,
     ):
-        mgr.index.add_prepared_claim(
+        mgr.add_prepared_claim(
             namespace="default",
             name="gpu",
             devices=[claims.PreparedDevice(DRIVER, "pool", "gpu-7", (), ("cdi.example/gpu=7",))],
@@ -154,3 +152,30 @@ async def test_node_agent_callback_receives_desired_status(sockdir: pathlib.Path
     entry = last.containers[(field, container)]["claim:gpu"]
     assert entry is not None
     assert entry["resources"] == [{"resourceID": "cdi.example/gpu=7", "health": "Unhealthy"}]
+
+
+async def test_a_claim_prepared_after_its_pod_was_set_recomputes_the_pod(
+    sockdir: pathlib.Path,
+) -> None:
+    # The manager's add_prepared_claim marks the pods the claim changes: no mark_pods call.
+    updates: list[manager.PodHealthUpdate] = []
+    cfg = make_settings(tuning=PIPELINE, sockdir=sockdir, node_name=NODE)
+    pod = make_pod("agent-pod", NODE, claims=["gpu"])
+    pod["metadata"]["uid"] = "uid-1"
+    async with manager.DRAHealthManager(cfg, on_status=updates.append) as mgr:
+        mgr.set_pod(pod)
+        await eventually(lambda: len(updates) == 1)
+        assert updates[0].desired.devices == ()  # its claim is not prepared yet
+        delta = mgr.add_prepared_claim(
+            namespace="default",
+            name="gpu",
+            devices=[claims.PreparedDevice(DRIVER, "pool", "gpu-7")],
+            pod_uids=["uid-1"],
+        )
+        assert delta.pods == {"uid-1"}
+        await eventually(lambda: len(updates) == 2)
+        [device] = updates[1].desired.devices
+        assert device.health is models.HealthStatus.UNKNOWN  # no report yet
+        mgr.remove_prepared_claim(namespace="default", name="gpu")
+        await eventually(lambda: len(updates) == 3)
+        assert updates[2].desired.devices == ()

@@ -1,6 +1,6 @@
 """The taint bridge over HTTP: ``FakeApiServer`` through the official client, and the sidecar.
 
-In-process tests run :class:`taintbridge.TaintBridge` on the real clock with zero thresholds
+In-process tests run :class:`taintloop.TaintBridge` on the real clock with zero thresholds
 (no waiting) against the stand-in, which serves DeviceTaintRules in resource.k8s.io v1,
 v1beta2 and v1alpha3 with label selectors, validation and injected faults (403, 503, lost
 connections). The last tests run ``kubelet-dra-health run --taint-effect ...`` as a process
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import clock, models, settings, taintbridge, taints
+from kubelet_dra import clock, models, settings, taintloop, taintplan
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 from tests.unit import _rbac
 
@@ -26,7 +26,7 @@ from ._sidecar_process import DRIVER, NODE, SidecarProcess, cluster, device, htt
 H = models.HealthStatus
 A = models.DeviceKey(DRIVER, "pool", "gpu-0")
 B = models.DeviceKey(DRIVER, "pool", "gpu-1")
-OURS = taints.node_selector(NODE)
+OURS = taintplan.node_selector(NODE)
 WAIT = 30.0  # generous: the suite runs on loaded machines; nothing here waits that long
 Obj = dict[str, Any]
 
@@ -56,7 +56,7 @@ class ParkedClock(clock.SystemClock):
 class Running:
     """A bridge task against ``api`` and the dict of healths it reads."""
 
-    def __init__(self, bridge: taintbridge.TaintBridge, health: Health, clock: ParkedClock) -> None:
+    def __init__(self, bridge: taintloop.TaintBridge, health: Health, clock: ParkedClock) -> None:
         self.bridge, self.health, self.clock = bridge, health, clock
 
     async def parked_off(self) -> None:
@@ -83,7 +83,7 @@ async def bridge(api: FakeApiServer, tmp_path: pathlib.Path) -> AsyncIterator[Ru
     health = Health()
     parked = ParkedClock()
     client = api.api_client()
-    made = taintbridge.TaintBridge(
+    made = taintloop.TaintBridge(
         client=client,
         node=NODE,
         settings=settings.Settings(
@@ -134,7 +134,7 @@ async def test_rule_created_and_deleted_through_the_client(
         "Unhealthy",
         "NoExecute",
     )
-    assert taints.parse_rfc3339(taint["timeAdded"]) is not None
+    assert taintplan.parse_rfc3339(taint["timeAdded"]) is not None
     assert rule["metadata"]["annotations"]["kubelet-dra.io/message"] == "XID 79"
     await eventually(
         lambda: any(e["reason"] == "DeviceTainted" for e in api.events("default")), timeout=WAIT
@@ -153,8 +153,8 @@ async def test_rule_created_and_deleted_through_the_client(
     assert api.count("DELETE", "devicetaintrules") == 1
     assert api.count("PUT", "devicetaintrules") == 0
     assert_rbac_allows_every_request(api)
-    state = bridge.bridge.metric_state()
-    assert state.writes[("create", "ok")] == state.writes[("delete", "ok")] == 1
+    writes = bridge.bridge.writes
+    assert writes[("create", "ok")] == writes[("delete", "ok")] == 1
 
 
 async def test_older_api_version_is_discovered(api: FakeApiServer, bridge: Running) -> None:
@@ -187,7 +187,7 @@ async def test_forbidden_turns_off_with_the_reason(api: FakeApiServer, bridge: R
     bridge.set(B, H.UNHEALTHY)
     await bridge.parked_off()
     assert api.count("POST", "devicetaintrules") == posts == 1
-    assert bridge.bridge.metric_state().writes[("create", "failed")] == 1
+    assert bridge.bridge.writes[("create", "failed")] == 1
 
 
 async def test_outage_creates_the_rule_once(api: FakeApiServer, bridge: Running) -> None:
@@ -213,23 +213,23 @@ async def test_others_rules_are_never_touched(api: FakeApiServer, bridge: Runnin
             },
         }
 
-    other = {taints.MANAGED_BY_LABEL: taints.MANAGED_BY, taints.NODE_LABEL: "node-2"}
+    other = {taintplan.MANAGED_BY_LABEL: taintplan.MANAGED_BY, taintplan.NODE_LABEL: "node-2"}
     api.create_device_taint_rule(rule("node-2-rule", other))
     api.create_device_taint_rule(rule("admin-rule", {}))
     # Someone else holds the name our rule would get.
-    api.create_device_taint_rule(rule(taints.rule_name(NODE, A), {"team": "x"}))
+    api.create_device_taint_rule(rule(taintplan.rule_name(NODE, A), {"team": "x"}))
     before = {r["metadata"]["name"]: r for r in api.device_taint_rules()}
     await eventually(lambda: bridge.bridge.state == "active", timeout=WAIT)
     bridge.set(A, H.UNHEALTHY)
     await eventually(lambda: len(rules(api)) == 1, timeout=WAIT)
-    assert list(rules(api)) == [taints.rule_name(NODE, A, hashed=True)]
+    assert list(rules(api)) == [taintplan.rule_name(NODE, A, hashed=True)]
     bridge.set(A, H.HEALTHY)
     await eventually(lambda: rules(api) == {}, timeout=WAIT)
     after = {r["metadata"]["name"]: r for r in api.device_taint_rules()}
     assert after == before
     for record in api.requests:
         if record.method in ("PUT", "DELETE") and "devicetaintrules" in record.path:
-            assert record.path.endswith(taints.rule_name(NODE, A, hashed=True))
+            assert record.path.endswith(taintplan.rule_name(NODE, A, hashed=True))
 
 
 # -- the sidecar process --------------------------------------------------------------------------

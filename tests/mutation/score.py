@@ -32,7 +32,8 @@ MODULES = {
     "claims": "kubelet_dra/status/claims.py",
     "kube/patchplan": "kubelet_dra/kube/patchplan.py",
     "kube/podstate": "kubelet_dra/kube/podstate.py",
-    "taints": "kubelet_dra/taints.py",
+    "taintpolicy": "kubelet_dra/taintpolicy.py",
+    "taintplan": "kubelet_dra/taintplan.py",
     "validation": "kubelet_dra/plugin/validation.py",
     "store": "kubelet_dra/state/store.py",
 }

@@ -25,7 +25,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("", "_bucket", "_count", "_su
 
 
 def exposed() -> frozenset[str]:
-    state = metrics.State(taints=metrics.TaintState(state="active", rules={}, writes={}))
+    state = metrics.State(taint_bridge="active")
     families = [*metrics.Metrics(lambda: state).registry.collect(), *_server_families()]
     return frozenset(f.name + suffix for f in families for suffix in _SUFFIXES.get(f.type, ("",)))
 

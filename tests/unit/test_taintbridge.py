@@ -13,12 +13,13 @@ import builtins
 import copy
 import functools
 import pathlib
+import typing
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from kubelet_dra import clock, kube, models, settings, taintbridge, taints
+from kubelet_dra import clock, kube, models, settings, taintloop, taintplan
 from kubelet_dra.testing import eventually
 
 H = models.HealthStatus
@@ -123,11 +124,11 @@ class Rig:
     def __init__(self, state_dir: pathlib.Path, fake: clock.FakeClock, **overrides: Any) -> None:
         self.state_dir, self.clock, self.api, self.health = state_dir, fake, MemoryApi(), Health()
         self.overrides = overrides
-        self.bridge: taintbridge.TaintBridge | None = None
+        self.bridge: taintloop.TaintBridge | None = None
         self.task: asyncio.Task[None] | None = None
         self.resource_ids: Any = None  # the index's (kubelet's, our) resourceID lookup
 
-    async def start(self, *, settle: bool = True, **overrides: Any) -> taintbridge.TaintBridge:
+    async def start(self, *, settle: bool = True, **overrides: Any) -> taintloop.TaintBridge:
         values: dict[str, Any] = {
             "node_name": NODE,
             "state_dir": self.state_dir,
@@ -138,8 +139,8 @@ class Rig:
         }
         values.update(self.overrides)
         values.update(overrides)
-        self.bridge = taintbridge.TaintBridge(
-            client=None,
+        self.bridge = taintloop.TaintBridge(
+            client=typing.cast("kube.ApiClient", None),  # the fake factory ignores it
             node=NODE,
             settings=settings.Settings(**values),
             clock=self.clock,
@@ -197,7 +198,7 @@ async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
 
 
 def rule_of(api: MemoryApi, key: models.DeviceKey) -> Obj | None:
-    found = [r for r in api.rules.values() if taints.device_of(r) == key]
+    found = [r for r in api.rules.values() if taintplan.device_of(r) == key]
     assert len(found) <= 1
     return found[0] if found else None
 
@@ -214,15 +215,15 @@ async def test_taint_after_then_untaint_after(rig: Rig) -> None:
     await rig.advance(1)
     rule = rule_of(rig.api, A)
     assert rule is not None
-    assert rule["metadata"]["name"] == taints.rule_name(NODE, A)
+    assert rule["metadata"]["name"] == taintplan.rule_name(NODE, A)
     assert rule["spec"]["taint"] == {
         "key": "kubelet-dra.io/unhealthy",
         "value": "Unhealthy",
         "effect": "NoSchedule",
-        "timeAdded": taints.rfc3339(rig.clock.now()),
+        "timeAdded": taintplan.rfc3339(rig.clock.now()),
     }
     assert rule["metadata"]["annotations"]["kubelet-dra.io/message"] == "broken"
-    assert bridge.metric_state().rules["NoSchedule"] == 1
+    assert bridge.rules_by_effect()["NoSchedule"] == 1
     await rig.set(A, H.HEALTHY)
     await rig.advance(59)
     assert rule_of(rig.api, A) is not None
@@ -232,7 +233,7 @@ async def test_taint_after_then_untaint_after(rig: Rig) -> None:
     assert rig.api.writes() == [("create", name), ("delete", name)]
     reasons = [e["reason"] for e in rig.api.events]
     assert reasons == ["DeviceTainted", "DeviceUntainted"]
-    assert bridge.metric_state().writes[("create", "ok")] == 1
+    assert bridge.writes[("create", "ok")] == 1
     assert bridge.readiness() == "ok"
 
 
@@ -250,9 +251,9 @@ async def test_rules_and_events_give_the_kubelets_resource_id_beside_the_device(
     await rig.set(B, H.UNHEALTHY)
     rule_a, rule_b = rule_of(rig.api, A), rule_of(rig.api, B)
     assert rule_a is not None and rule_b is not None
-    assert rule_a["metadata"]["annotations"][taints.DEVICE_ANNOTATION] == str(A)
-    assert rule_a["metadata"]["annotations"][taints.RESOURCE_ID_ANNOTATION] == "vendor.com/gpu=a"
-    assert taints.RESOURCE_ID_ANNOTATION not in rule_b["metadata"]["annotations"]
+    assert rule_a["metadata"]["annotations"][taintplan.DEVICE_ANNOTATION] == str(A)
+    assert rule_a["metadata"]["annotations"][taintplan.RESOURCE_ID_ANNOTATION] == "vendor.com/gpu=a"
+    assert taintplan.RESOURCE_ID_ANNOTATION not in rule_b["metadata"]["annotations"]
 
 
 async def test_thresholds_zero(rig: Rig) -> None:
@@ -344,25 +345,25 @@ def foreign(name: str, labels: dict[str, str]) -> Obj:
 
 
 async def test_never_touches_other_nodes_or_unlabelled_rules(rig: Rig) -> None:
-    other_node = {taints.MANAGED_BY_LABEL: taints.MANAGED_BY, taints.NODE_LABEL: "node-b"}
+    other_node = {taintplan.MANAGED_BY_LABEL: taintplan.MANAGED_BY, taintplan.NODE_LABEL: "node-b"}
     rig.api.put(foreign("other-node", other_node))
     rig.api.put(foreign("by-admin", {}))
-    rig.api.put(foreign("other-manager", {taints.NODE_LABEL: NODE}))
+    rig.api.put(foreign("other-manager", {taintplan.NODE_LABEL: NODE}))
     # Someone else's rule holds the name ours would get: ours takes the hashed name.
-    rig.api.put(foreign(taints.rule_name(NODE, A), {"team": "infra"}))
+    rig.api.put(foreign(taintplan.rule_name(NODE, A), {"team": "infra"}))
     before = copy.deepcopy(rig.api.rules)
     await rig.start(taint_after=0, untaint_after=0)
     await rig.set(A, H.UNHEALTHY)
     ours = [n for n in rig.api.rules if n not in before]
-    assert ours == [taints.rule_name(NODE, A, hashed=True)]
+    assert ours == [taintplan.rule_name(NODE, A, hashed=True)]
     await rig.set(A, H.HEALTHY)
     assert rig.api.rules == before
     touched = {name for op, name in rig.api.writes() if op != "create"}
-    assert touched == {taints.rule_name(NODE, A, hashed=True)}
+    assert touched == {taintplan.rule_name(NODE, A, hashed=True)}
 
 
 async def test_stray_rules_of_ours_are_removed(rig: Rig) -> None:
-    ours = {taints.MANAGED_BY_LABEL: taints.MANAGED_BY, taints.NODE_LABEL: NODE}
+    ours = {taintplan.MANAGED_BY_LABEL: taintplan.MANAGED_BY, taintplan.NODE_LABEL: NODE}
     rig.api.put(foreign("stray", ours))
     (rig.state_dir / "taints.json").write_text('{"format": 1, "devices": []}')
     await rig.start()
@@ -385,7 +386,7 @@ async def test_outage_keeps_the_last_state_and_creates_once(rig: Rig) -> None:
     assert [op for op, _ in rig.api.writes()].count("create") >= 1
     assert len(rig.api.rules) == 1
     assert rig.bridge is not None
-    assert rig.bridge.metric_state().writes[("create", "ok")] == 1
+    assert rig.bridge.writes[("create", "ok")] == 1
     assert rig.bridge is not None and rig.bridge.readiness() == "ok"
 
 
@@ -431,7 +432,7 @@ async def test_unexpected_error_is_logged_and_retried(rig: Rig) -> None:
         return original(label_selector)
 
     rig.api.list = list_then_break  # type: ignore[method-assign]  # a fault, for this rig
-    rig.bridge._rules = None  # type: ignore[union-attr]  # force a relist
+    rig.bridge.sync.forget()  # type: ignore[union-attr]  # force a relist
     await rig.set(A, H.UNHEALTHY)
     assert rig.bridge is not None and rig.bridge.readiness() == "ok"
     assert rule_of(rig.api, A) is None
@@ -446,7 +447,7 @@ async def test_forbidden_turns_the_bridge_off(rig: Rig) -> None:
     assert bridge.state == "off"
     assert bridge.readiness().startswith("off: RBAC or admission")
     assert "create, list, update and delete" in bridge.readiness()
-    assert bridge.metric_state().state == "off"
+    assert bridge.state is taintloop.BridgeState.OFF
 
 
 async def test_forbidden_write_turns_the_bridge_off(rig: Rig) -> None:
@@ -475,8 +476,8 @@ async def test_no_served_version_turns_the_bridge_off(rig: Rig) -> None:
 
 
 async def test_node_name_too_long_for_a_label(rig: Rig, tmp_path: pathlib.Path) -> None:
-    bridge = taintbridge.TaintBridge(
-        client=None,
+    bridge = taintloop.TaintBridge(
+        client=typing.cast("kube.ApiClient", None),  # refused before any call
         node="n" * 64,
         settings=settings.Settings(
             taint_effect=settings.TaintEffect.NO_SCHEDULE, state_dir=tmp_path
@@ -497,14 +498,14 @@ async def test_node_name_too_long_for_a_label(rig: Rig, tmp_path: pathlib.Path) 
 
 async def test_budget_serves_status_writes_first() -> None:
     fake = clock.FakeClock()
-    budget = taintbridge.SharedBudget(qps=1, burst=1, clock=fake)
+    budget = kube.TokenBucket(qps=1, burst=1, clock=fake)
     order: list[str] = []
 
     async def take(kind: str) -> None:
         if kind == "status":
             await budget.acquire()
         else:
-            await budget.acquire_spare()
+            await budget.acquire(spare=True)
         order.append(kind)
 
     await take("status")  # the burst is used up

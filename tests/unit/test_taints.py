@@ -12,33 +12,34 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import _taint_state, models, taints
+from kubelet_dra import metrics, models, taintloop, taintplan, taintpolicy, taintstate
+from kubelet_dra.status.podjson import MutableObj
 
 H = models.HealthStatus
 KEY = models.DeviceKey("gpu.example.com", "node-a", "gpu-0")
 T0 = 1_700_000_000.0
 
 
-def thresholds(**kw: object) -> taints.Thresholds:
+def thresholds(**kw: object) -> taintpolicy.Thresholds:
     values: dict[str, Any] = {"effect": "NoSchedule", "key": "kubelet-dra.io/unhealthy"}
     values.update(kw)
-    return taints.Thresholds(**values)
+    return taintpolicy.Thresholds(**values)
 
 
 def run(
-    timeline: list[tuple[float, H]], th: taints.Thresholds, until: float, tick: float = 0.5
+    timeline: list[tuple[float, H]], th: taintpolicy.Thresholds, until: float, tick: float = 0.5
 ) -> list[tuple[float, str | None]]:
     """Feed health changes at their times, stepping every ``tick``; the taint after each change
     of taint (time, value or None)."""
-    track: taints.Track | None = None
+    track: taintpolicy.Track | None = None
     changes: list[tuple[float, str | None]] = []
     events = sorted(timeline)
     now, last = T0, None
     while now <= T0 + until:
         while events and T0 + events[0][0] <= now:
-            track = taints.observe(track, events.pop(0)[1], now)
+            track = taintpolicy.observe(track, events.pop(0)[1], now)
         if track is not None:
-            track, _ = taints.step(track, th, now)
+            track, _ = taintpolicy.step(track, th, now)
             value = track.taint.value if track.taint else None
             if value != last:
                 changes.append((now - T0, value))
@@ -56,15 +57,15 @@ def test_unhealthy_for_taint_after_taints_once() -> None:
 
 
 def test_taint_after_zero_taints_at_once() -> None:
-    track = taints.observe(None, H.UNHEALTHY, T0)
-    stepped, due = taints.step(track, thresholds(taint_after=0), T0, "XID 79")
-    assert stepped.taint == taints.Taint("Unhealthy", T0, "XID 79")
+    track = taintpolicy.observe(None, H.UNHEALTHY, T0)
+    stepped, due = taintpolicy.step(track, thresholds(taint_after=0), T0, "XID 79")
+    assert stepped.taint == taintpolicy.Taint("Unhealthy", T0, "XID 79")
     assert due is None
 
 
 def test_step_reports_the_deadline() -> None:
-    track = taints.observe(None, H.UNHEALTHY, T0)
-    same, due = taints.step(track, thresholds(taint_after=10), T0 + 3)
+    track = taintpolicy.observe(None, H.UNHEALTHY, T0)
+    same, due = taintpolicy.step(track, thresholds(taint_after=10), T0 + 3)
     assert same is track
     assert due == T0 + 10
 
@@ -109,9 +110,9 @@ def test_unknown_never_replaces_unhealthy_and_does_not_untaint() -> None:
 
 
 def test_upgrade_keeps_the_time_added() -> None:
-    track = taints.Track(H.UNHEALTHY, T0, taints.Taint("Unknown", T0 - 100))
-    stepped, _ = taints.step(track, thresholds(taint_after=10), T0 + 10, "now broken")
-    assert stepped.taint == taints.Taint("Unhealthy", T0 - 100, "now broken")
+    track = taintpolicy.Track(H.UNHEALTHY, T0, taintpolicy.Taint("Unknown", T0 - 100))
+    stepped, _ = taintpolicy.step(track, thresholds(taint_after=10), T0 + 10, "now broken")
+    assert stepped.taint == taintpolicy.Taint("Unhealthy", T0 - 100, "now broken")
 
 
 # -- flapping ----------------------------------------------------------------------------------
@@ -136,20 +137,20 @@ def test_flapping_faster_than_untaint_after_never_untaints() -> None:
 
 
 def test_same_health_again_keeps_the_track() -> None:
-    track = taints.observe(None, H.UNHEALTHY, T0)
-    assert taints.observe(track, H.UNHEALTHY, T0 + 5) is track
-    moved = taints.observe(track, H.HEALTHY, T0 + 5)
+    track = taintpolicy.observe(None, H.UNHEALTHY, T0)
+    assert taintpolicy.observe(track, H.UNHEALTHY, T0 + 5) is track
+    moved = taintpolicy.observe(track, H.HEALTHY, T0 + 5)
     assert moved.since == T0 + 5
 
 
 def test_message_is_cut_and_never_rewrites() -> None:
-    track = taints.observe(None, H.UNHEALTHY, T0)
+    track = taintpolicy.observe(None, H.UNHEALTHY, T0)
     long = "é" * 400
-    tainted, _ = taints.step(track, thresholds(taint_after=0), T0, long)
+    tainted, _ = taintpolicy.step(track, thresholds(taint_after=0), T0, long)
     assert tainted.taint is not None
-    assert len(tainted.taint.message.encode()) <= taints.MESSAGE_MAX_BYTES
+    assert len(tainted.taint.message.encode()) <= taintpolicy.MESSAGE_MAX_BYTES
     assert tainted.taint.message.endswith("...")
-    again, _ = taints.step(tainted, thresholds(taint_after=0), T0 + 1, "temperature 91C")
+    again, _ = taintpolicy.step(tainted, thresholds(taint_after=0), T0 + 1, "temperature 91C")
     assert again is tainted
 
 
@@ -157,7 +158,7 @@ def test_message_is_cut_and_never_rewrites() -> None:
 
 
 def test_readable_name() -> None:
-    assert taints.rule_name("node-a", KEY) == "node-a.gpu.example.com.node-a.gpu-0"
+    assert taintplan.rule_name("node-a", KEY) == "node-a.gpu.example.com.node-a.gpu-0"
 
 
 @pytest.mark.parametrize(
@@ -173,26 +174,26 @@ def test_readable_name() -> None:
 )
 def test_names_are_valid_and_stable(key: models.DeviceKey) -> None:
     for hashed in (False, True):
-        name = taints.rule_name("node-a", key, hashed=hashed)
+        name = taintplan.rule_name("node-a", key, hashed=hashed)
         assert len(name) <= 253
-        assert taints._DNS_SUBDOMAIN.fullmatch(name), name
-        assert name == taints.rule_name("node-a", key, hashed=hashed)
+        assert taintplan._DNS_SUBDOMAIN.fullmatch(name), name
+        assert name == taintplan.rule_name("node-a", key, hashed=hashed)
 
 
 def test_long_names_are_hashed_and_distinct() -> None:
     a = models.DeviceKey("gpu.example.com", "p" * 240, "gpu-0")
     b = models.DeviceKey("gpu.example.com", "p" * 240, "gpu-1")
-    name_a, name_b = taints.rule_name("node-a", a), taints.rule_name("node-a", b)
+    name_a, name_b = taintplan.rule_name("node-a", a), taintplan.rule_name("node-a", b)
     assert name_a != name_b
     assert len(name_a) == 253
     assert name_a[:200] == name_b[:200]  # the readable prefix, then the hash
 
 
 def test_hashed_name_differs_from_readable() -> None:
-    assert taints.rule_name("n", KEY, hashed=True) != taints.rule_name("n", KEY)
+    assert taintplan.rule_name("n", KEY, hashed=True) != taintplan.rule_name("n", KEY)
     # Names of different nodes or drivers that read alike are told apart by the hash.
-    x = taints.rule_name("n.a", models.DeviceKey("b", "p", "d"), hashed=True)
-    y = taints.rule_name("n", models.DeviceKey("a.b", "p", "d"), hashed=True)
+    x = taintplan.rule_name("n.a", models.DeviceKey("b", "p", "d"), hashed=True)
+    y = taintplan.rule_name("n", models.DeviceKey("a.b", "p", "d"), hashed=True)
     assert x != y
 
 
@@ -211,20 +212,20 @@ def test_hashed_name_differs_from_readable() -> None:
     ],
 )
 def test_taint_keys(key: str, valid: bool) -> None:
-    assert taints.valid_taint_key(key) is valid
+    assert taintplan.valid_taint_key(key) is valid
 
 
 def test_node_label_value_limit() -> None:
-    assert taints.valid_label_value("node-a")
-    assert not taints.valid_label_value("n" * 64)
+    assert taintplan.valid_label_value("node-a")
+    assert not taintplan.valid_label_value("n" * 64)
 
 
 # -- rule objects --------------------------------------------------------------------------------
 
 
-def body(effect: str = "NoSchedule", value: str = "Unhealthy", added: float = T0) -> taints.Obj:
+def body(effect: str = "NoSchedule", value: str = "Unhealthy", added: float = T0) -> MutableObj:
     th = thresholds(effect=effect)
-    return taints.rule_body("r", "node-a", KEY, taints.Taint(value, added, "msg"), th)
+    return taintplan.rule_body("r", "node-a", KEY, taintpolicy.Taint(value, added, "msg"), th)
 
 
 def test_rule_body_shape() -> None:
@@ -243,22 +244,22 @@ def test_rule_body_shape() -> None:
             "timeAdded": "2023-11-14T22:13:20Z",
         },
     }
-    assert taints.device_of(rule) == KEY
+    assert taintplan.device_of(rule) == KEY
 
 
 def test_differs_ignores_time_and_message() -> None:
     current = body(added=T0 + 99)
     current["metadata"]["annotations"]["kubelet-dra.io/message"] = "other"
-    assert not taints.differs(current, body())
-    assert taints.differs(body(effect="NoExecute"), body())
-    assert taints.differs(body(value="Unknown"), body())
+    assert not taintplan.differs(current, body())
+    assert taintplan.differs(body(effect="NoExecute"), body())
+    assert taintplan.differs(body(value="Unknown"), body())
 
 
 def test_updated_keeps_time_added_and_resource_version() -> None:
     current = body(added=T0 - 50)
     current["metadata"]["resourceVersion"] = "7"
     current["metadata"]["managedFields"] = [{"manager": "x"}]
-    new = taints.updated(current, body(effect="NoExecute"))
+    new = taintplan.updated(current, body(effect="NoExecute"))
     assert new["spec"]["taint"]["timeAdded"] == current["spec"]["taint"]["timeAdded"]
     assert new["spec"]["taint"]["effect"] == "NoExecute"
     assert new["metadata"]["resourceVersion"] == "7"
@@ -270,23 +271,23 @@ def test_updated_keeps_time_added_and_resource_version() -> None:
     [None, {}, {"driver": "d", "pool": "p"}, {"driver": "d", "pool": "", "device": "x"}],
 )
 def test_device_of_needs_one_device(selector: object) -> None:
-    assert taints.device_of({"spec": {"deviceSelector": selector}}) is None
+    assert taintplan.device_of({"spec": {"deviceSelector": selector}}) is None
 
 
 def test_taint_from_rule() -> None:
-    taint = taints.taint_from_rule(body(value="Unknown"), T0 + 5)
-    assert taint == taints.Taint("Unknown", T0, "msg")
-    assert taints.taint_from_rule({}, T0).value == "Unhealthy"
+    taint = taintplan.taint_from_rule(body(value="Unknown"), T0 + 5)
+    assert taint == taintpolicy.Taint("Unknown", T0, "msg")
+    assert taintplan.taint_from_rule({}, T0).value == "Unhealthy"
 
 
 # -- the state file --------------------------------------------------------------------------------
 
 
 def test_state_round_trip(tmp_path: pathlib.Path) -> None:
-    state = _taint_state.TaintState(tmp_path)
+    state = taintstate.TaintStateFile(tmp_path)
     tracks = {
-        KEY: taints.Track(H.UNHEALTHY, T0, taints.Taint("Unhealthy", T0 + 10, "x")),
-        models.DeviceKey("d", "p/q", "e"): taints.Track(H.UNKNOWN, T0 + 1),
+        KEY: taintpolicy.Track(H.UNHEALTHY, T0, taintpolicy.Taint("Unhealthy", T0 + 10, "x")),
+        models.DeviceKey("d", "p/q", "e"): taintpolicy.Track(H.UNKNOWN, T0 + 1),
     }
     state.save(tracks)
     assert state.load() == tracks
@@ -295,7 +296,7 @@ def test_state_round_trip(tmp_path: pathlib.Path) -> None:
 
 
 def test_missing_state_is_empty(tmp_path: pathlib.Path) -> None:
-    assert _taint_state.TaintState(tmp_path / "none").load() == {}
+    assert taintstate.TaintStateFile(tmp_path / "none").load() == {}
 
 
 @pytest.mark.parametrize(
@@ -304,7 +305,7 @@ def test_missing_state_is_empty(tmp_path: pathlib.Path) -> None:
 )
 def test_bad_state_is_set_aside(tmp_path: pathlib.Path, content: bytes) -> None:
     (tmp_path / "taints.json").write_bytes(content)
-    assert _taint_state.TaintState(tmp_path).load() == {}
+    assert taintstate.TaintStateFile(tmp_path).load() == {}
     assert (tmp_path / "taints.bad").read_bytes() == content
 
 
@@ -314,11 +315,11 @@ def test_state_write_failure_is_a_store_error(tmp_path: pathlib.Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(errors.StoreError, match="not written"):
-        _taint_state.TaintState(blocker).save({KEY: taints.Track(H.UNKNOWN, T0)})
+        taintstate.TaintStateFile(blocker).save({KEY: taintpolicy.Track(H.UNKNOWN, T0)})
 
 
 def test_state_file_is_json(tmp_path: pathlib.Path) -> None:
-    _taint_state.TaintState(tmp_path).save({KEY: taints.Track(H.UNKNOWN, T0)})
+    taintstate.TaintStateFile(tmp_path).save({KEY: taintpolicy.Track(H.UNKNOWN, T0)})
     doc = json.loads((tmp_path / "taints.json").read_text())
     assert doc == {
         "format": 1,
@@ -329,7 +330,7 @@ def test_state_file_is_json(tmp_path: pathlib.Path) -> None:
 def test_updated_restores_our_labels_and_keeps_everyone_elses() -> None:
     current = body()
     current["metadata"]["labels"] = {"team": "infra", "kubelet-dra.io/node": "stale"}
-    new = taints.updated(current, body())
+    new = taintplan.updated(current, body())
     assert new["metadata"]["labels"] == {
         "team": "infra",
         "app.kubernetes.io/managed-by": "kubelet-dra-health",
@@ -337,4 +338,61 @@ def test_updated_restores_our_labels_and_keeps_everyone_elses() -> None:
     }
     unlabelled = body()
     del unlabelled["metadata"]["labels"]
-    assert taints.updated(unlabelled, body())["metadata"]["labels"] == body()["metadata"]["labels"]
+    labels = body()["metadata"]["labels"]
+    assert taintplan.updated(unlabelled, body())["metadata"]["labels"] == labels
+
+
+# -- the plan ------------------------------------------------------------------------------
+
+
+def _tainted(value: str = "Unhealthy") -> taintpolicy.Track:
+    return taintpolicy.Track(H.UNHEALTHY, T0, taintpolicy.Taint(value, T0, "msg"))
+
+
+def _rule(name: str, key: models.DeviceKey, value: str = "Unhealthy") -> MutableObj:
+    taint = taintpolicy.Taint(value, T0, "msg")
+    return taintplan.rule_body(name, "node-a", key, taint, thresholds(effect="NoSchedule"))
+
+
+def test_plan_creates_updates_and_deletes_only_what_differs() -> None:
+    other = models.DeviceKey("gpu.example.com", "node-a", "gpu-1")
+    third = models.DeviceKey("gpu.example.com", "node-a", "gpu-2")
+    fourth = models.DeviceKey("gpu.example.com", "node-a", "gpu-3")
+    tracks = {KEY: _tainted(), other: _tainted(), third: _tainted(), fourth: _tracked_healthy()}
+    rules = {
+        "a-other": _rule("a-other", other, value="Unknown"),  # value changed: update
+        "b-third": _rule("b-third", third),  # as wanted: nothing
+        "c-third": _rule("c-third", third),  # a second rule of one device: delete
+        "d-fourth": _rule("d-fourth", fourth),  # untainted: delete
+    }
+    ops = taintplan.plan(
+        tracks, rules, node="node-a", thresholds=thresholds(effect="NoSchedule"),
+        kubelet_id=str,
+    )  # fmt: skip
+    assert [type(op).__name__ for op in ops] == ["Create", "Update", "Delete", "Delete"]
+    create, update, *deletes = ops
+    assert isinstance(create, taintplan.Create) and create.key == KEY
+    assert isinstance(update, taintplan.Update) and update.current is rules["a-other"]
+    assert update.body["spec"]["taint"]["value"] == "Unhealthy"
+    assert [d.rule for d in deletes if isinstance(d, taintplan.Delete)] == [
+        rules["c-third"], rules["d-fourth"]
+    ]  # fmt: skip
+
+
+def _tracked_healthy() -> taintpolicy.Track:
+    return taintpolicy.Track(H.HEALTHY, T0)
+
+
+def test_adopted_takes_the_rule_taint_only_where_the_track_has_none() -> None:
+    other = models.DeviceKey("gpu.example.com", "node-a", "gpu-1")
+    rules = {"a": _rule("a", KEY, value="Unknown"), "b": _rule("b", other)}
+    tracks = {other: _tainted()}
+    found = taintplan.adopted(rules, tracks, health=lambda _k: H.UNHEALTHY, now=T0 + 5)
+    assert list(found) == [KEY]
+    track = found[KEY]
+    assert track.health is H.UNHEALTHY and track.since == T0 + 5
+    assert track.taint is not None and track.taint.value == "Unknown"
+
+
+def test_bridge_states_are_the_metric_label_values() -> None:
+    assert tuple(taintloop.BridgeState) == metrics.TAINT_STATES

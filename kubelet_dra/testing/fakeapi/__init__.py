@@ -33,10 +33,11 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 import kubernetes.client
 
+from kubelet_dra.status.podjson import MutableObj
 from kubelet_dra.testing.fakeapi import _builders as builders
 from kubelet_dra.testing.fakeapi import _cluster as cluster
 from kubelet_dra.testing.fakeapi import _faults as faults
@@ -69,8 +70,7 @@ __all__ = [
     "make_pod",
 ]
 
-Obj = dict[str, Any]
-StatusComputer = Callable[[Obj], list[Obj]]
+StatusComputer = Callable[[MutableObj], list[MutableObj]]
 _STATUS_PATH = re.compile(r"/namespaces/([^/]+)/pods/([^/]+)/status$")
 
 
@@ -180,7 +180,7 @@ class FakeApiServer:
 
     def write_kubeconfig(self, path: str | os.PathLike[str]) -> Path:
         """A kubeconfig for ``kubernetes.config.load_kube_config`` (JSON is valid YAML)."""
-        user: Obj = {"token": self.token} if self.token else {}
+        user: MutableObj = {"token": self.token} if self.token else {}
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -209,52 +209,54 @@ class FakeApiServer:
 
     # objects, written as trusted setup (kubelet/controller-like, no faults, not logged)
 
-    def create_pod(self, pod: Obj) -> Obj:
+    def create_pod(self, pod: MutableObj) -> MutableObj:
         """Store a pod including its status (a test's shortcut for create + kubelet status)."""
         namespace = (pod.get("metadata") or {}).get("namespace") or "default"
         return self._backend.create(storage.PODS, namespace, pod, keep_status=True)
 
-    def get_pod(self, namespace: str, name: str) -> Obj:
+    def get_pod(self, namespace: str, name: str) -> MutableObj:
         return self._store.get(storage.PODS, namespace, name)
 
-    def list_pods(self, namespace: str | None = None) -> list[Obj]:
+    def list_pods(self, namespace: str | None = None) -> list[MutableObj]:
         return self._store.select(storage.PODS, namespace, storage.Selector(storage.PODS))[0]
 
-    def delete_pod(self, namespace: str, name: str) -> Obj:
+    def delete_pod(self, namespace: str, name: str) -> MutableObj:
         return self._store.delete(storage.PODS, namespace, name)
 
-    def set_pod_status(self, namespace: str, name: str, status: Obj) -> Obj:
+    def set_pod_status(self, namespace: str, name: str, status: MutableObj) -> MutableObj:
         """Replace a pod's status as the kubelet would (gates and validation apply)."""
         return self._backend.set_status(storage.PODS, namespace, name, status)
 
-    def update_pod(self, namespace: str, name: str, mutate: Callable[[Obj], Obj]) -> Obj:
+    def update_pod(
+        self, namespace: str, name: str, mutate: Callable[[MutableObj], MutableObj]
+    ) -> MutableObj:
         """Rewrite a pod freely (no validation), e.g. to make it stop matching a selector."""
         return self._store.update(storage.PODS, namespace, name, mutate)
 
-    def create_claim(self, claim: Obj) -> Obj:
+    def create_claim(self, claim: MutableObj) -> MutableObj:
         namespace = (claim.get("metadata") or {}).get("namespace") or "default"
         return self._backend.create(storage.CLAIMS, namespace, claim, keep_status=True)
 
-    def get_claim(self, namespace: str, name: str) -> Obj:
+    def get_claim(self, namespace: str, name: str) -> MutableObj:
         return self._store.get(storage.CLAIMS, namespace, name)
 
-    def delete_claim(self, namespace: str, name: str) -> Obj:
+    def delete_claim(self, namespace: str, name: str) -> MutableObj:
         return self._store.delete(storage.CLAIMS, namespace, name)
 
-    def set_claim_status(self, namespace: str, name: str, status: Obj) -> Obj:
+    def set_claim_status(self, namespace: str, name: str, status: MutableObj) -> MutableObj:
         return self._backend.set_status(storage.CLAIMS, namespace, name, status)
 
     # DeviceTaintRules (cluster-scoped; _fakeapi_cluster)
 
-    def create_device_taint_rule(self, rule: Obj) -> Obj:
+    def create_device_taint_rule(self, rule: MutableObj) -> MutableObj:
         """Store a rule as someone else would (validated and defaulted, never faulted)."""
         return self._backend.create(cluster.DEVICE_TAINT_RULES["v1"], "", rule)
 
-    def device_taint_rules(self, label_selector: str = "") -> list[Obj]:
+    def device_taint_rules(self, label_selector: str = "") -> list[MutableObj]:
         res = cluster.DEVICE_TAINT_RULES["v1"]
         return self._store.select(res, "", storage.Selector(res, "", label_selector))[0]
 
-    def delete_device_taint_rule(self, name: str) -> Obj:
+    def delete_device_taint_rule(self, name: str) -> MutableObj:
         return self._store.delete(cluster.DEVICE_TAINT_RULES["v1"], "", name)
 
     @property
@@ -266,7 +268,7 @@ class FakeApiServer:
     def device_taint_versions(self, versions: Iterable[str]) -> None:
         self._types.taint_versions = tuple(versions)
 
-    def events(self, namespace: str | None = None) -> list[Obj]:
+    def events(self, namespace: str | None = None) -> list[MutableObj]:
         """Stored events, core/v1 first, then events.k8s.io/v1."""
         everything = storage.Selector(storage.EVENTS)
         core = self._store.select(storage.EVENTS, namespace, everything)[0]
@@ -282,17 +284,21 @@ class FakeApiServer:
         version this switches that version on (see ``device_taint_versions``)."""
         self._types.serve(group_version, plural, kind, namespaced=namespaced)
 
-    def create_object(self, group_version: str, plural: str, obj: Obj) -> Obj:
+    def create_object(self, group_version: str, plural: str, obj: MutableObj) -> MutableObj:
         """Store an object as someone else would (the type's write rules, never faulted)."""
         res = self._types.get(group_version, plural)
         namespace = (obj.get("metadata") or {}).get("namespace") or "default"
         return self._backend.create(res, namespace if res.namespaced else "", obj)
 
-    def delete_object(self, group_version: str, plural: str, name: str, namespace: str = "") -> Obj:
+    def delete_object(
+        self, group_version: str, plural: str, name: str, namespace: str = ""
+    ) -> MutableObj:
         res = self._types.get(group_version, plural)
         return self._store.delete(res, namespace if res.namespaced else "", name)
 
-    def objects(self, group_version: str, plural: str, label_selector: str = "") -> list[Obj]:
+    def objects(
+        self, group_version: str, plural: str, label_selector: str = ""
+    ) -> list[MutableObj]:
         """The stored objects of a served type, in every namespace, by namespace and name."""
         res = self._types.get(group_version, plural)
         return self._store.select(res, None, storage.Selector(res, "", label_selector))[0]
@@ -417,7 +423,7 @@ class FakeApiServer:
 
     def kubelet_write(
         self, namespace: str, name: str, compute: StatusComputer | None = None
-    ) -> Obj:
+    ) -> MutableObj:
         """Replace the pod's containerStatuses whole with ``compute(pod)``; always a new RV.
 
         The default computes what a kubelet unaware of device health writes: the current

@@ -13,11 +13,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from kubelet_dra.status.podjson import MutableObj
 from kubelet_dra.testing.fakeapi import _store as storage
 
-Obj = dict[str, Any]
 IMAGE = "registry.k8s.io/pause:3.10"
 
 
@@ -52,7 +51,7 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("/".join(parts).encode()).hexdigest()
 
 
-def container_status(name: str, *, restart_count: int = 0, ready: bool = True) -> Obj:
+def container_status(name: str, *, restart_count: int = 0, ready: bool = True) -> MutableObj:
     """A running container's status as the kubelet reports it."""
     return {
         "name": name,
@@ -66,7 +65,7 @@ def container_status(name: str, *, restart_count: int = 0, ready: bool = True) -
     }
 
 
-def fresh_container_statuses(pod: Obj) -> list[Obj]:
+def fresh_container_statuses(pod: MutableObj) -> list[MutableObj]:
     """What a kubelet without device health computes: the spec's containers, no health."""
     old = {cs.get("name"): cs for cs in (pod.get("status") or {}).get("containerStatuses") or []}
     statuses = []
@@ -77,18 +76,18 @@ def fresh_container_statuses(pod: Obj) -> list[Obj]:
     return statuses
 
 
-def _pod_claim_spec(claim: PodClaim) -> Obj:
+def _pod_claim_spec(claim: PodClaim) -> MutableObj:
     if claim.template:
         return {"name": claim.name, "resourceClaimTemplateName": claim.template}
     return {"name": claim.name, "resourceClaimName": claim.object_name}
 
 
-def _container_spec(container: Container) -> Obj:
+def _container_spec(container: Container) -> MutableObj:
     claims = [
         {"name": c} if isinstance(c, str) else {"name": c[0], "request": c[1]}
         for c in container.claims
     ]
-    resources: Obj = {}
+    resources: MutableObj = {}
     if claims:
         resources["claims"] = claims
     if container.requests:
@@ -110,13 +109,13 @@ def make_pod(
     containers: Sequence[str | Container] | None = None,
     labels: Mapping[str, str] | None = None,
     phase: str = "Running",
-) -> Obj:
+) -> MutableObj:
     """A running pod on ``node``; by default one container ``main`` using every claim."""
     pod_claims = [PodClaim(c) if isinstance(c, str) else c for c in claims]
     if containers is None:
         containers = [Container("main", claims=[c.name for c in pod_claims])]
     specs = [Container(c) if isinstance(c, str) else c for c in containers]
-    pod: Obj = {
+    pod: MutableObj = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
@@ -132,7 +131,7 @@ def make_pod(
     return pod
 
 
-def _running_status(pod: Obj, claims: Sequence[PodClaim], phase: str) -> Obj:
+def _running_status(pod: MutableObj, claims: Sequence[PodClaim], phase: str) -> MutableObj:
     now = storage.now_rfc3339()
     conditions = [
         {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
@@ -144,7 +143,7 @@ def _running_status(pod: Obj, claims: Sequence[PodClaim], phase: str) -> Obj:
             "PodScheduled",
         )
     ]
-    pod_status: Obj = {
+    pod_status: MutableObj = {
         "phase": phase,
         "conditions": conditions,
         "hostIP": "10.0.0.10",
@@ -164,16 +163,16 @@ def make_claim(
     namespace: str = "default",
     results: Sequence[tuple[str, str, str, str]] = (),
     *,
-    reserved_for: Sequence[Obj] = (),
+    reserved_for: Sequence[MutableObj] = (),
     node: str | None = "node-1",
-) -> Obj:
+) -> MutableObj:
     """An allocated resource.k8s.io/v1 claim; ``results`` are (driver, pool, device, request).
 
     ``reserved_for`` takes pod objects (as returned by the server, so they carry a uid).
     """
     requests = sorted({r[3].split("/")[0] for r in results})
     drivers = {r[3].split("/")[0]: r[0] for r in results}
-    allocation: Obj = {
+    allocation: MutableObj = {
         "devices": {
             "results": [
                 {"driver": d, "pool": p, "device": dev, "request": req}

@@ -13,12 +13,11 @@ changing it. Which versions serve them is a knob (``FakeApiServer.device_taint_v
 from __future__ import annotations
 
 import re
-from typing import Any
 
+from kubelet_dra.status.podjson import MutableObj
 from kubelet_dra.testing.fakeapi import _status as status
 from kubelet_dra.testing.fakeapi import _store as storage
 
-Obj = dict[str, Any]
 GROUP = "resource.k8s.io"
 TAINT_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
@@ -26,7 +25,7 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
-def prepare(obj: Obj, old: Obj | None, now: str) -> None:
+def prepare(obj: MutableObj, old: MutableObj | None, now: str) -> None:
     """Defaulting and validation of a create (``old`` None) or update; raises 422."""
     taint = (obj.setdefault("spec", {})).setdefault("taint", {})
     old_taint = ((old or {}).get("spec") or {}).get("taint") or {}
@@ -43,7 +42,7 @@ def prepare(obj: Obj, old: Obj | None, now: str) -> None:
         raise status.invalid("DeviceTaintRule", str(obj["metadata"].get("name", "")), errors)
 
 
-def _rule_errors(obj: Obj) -> list[status.FieldError]:
+def _rule_errors(obj: MutableObj) -> list[status.FieldError]:
     errors = []
     name = str(obj["metadata"].get("name", ""))
     if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):

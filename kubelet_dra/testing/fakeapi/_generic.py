@@ -17,12 +17,11 @@ version of a built-in type (a DeviceTaintRule version) switches that version on.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
+from kubelet_dra.status.podjson import MutableObj
 from kubelet_dra.testing.fakeapi import _cluster as cluster
 from kubelet_dra.testing.fakeapi import _store as storage
 
-Obj = dict[str, Any]
 _BUILT_IN = (*storage.RESOURCES, *cluster.DEVICE_TAINT_RULES.values())
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
@@ -86,7 +85,7 @@ class Types:
 
     # discovery
 
-    def discovery(self, path: str) -> Obj | None:
+    def discovery(self, path: str) -> MutableObj | None:
         """The ``APIResourceList`` of ``/apis/<group>/<version>``, or ``None`` (404)."""
         parts = [p for p in path.split("/") if p]
         if len(parts) != 3 or parts[0] != "apis":
@@ -113,7 +112,7 @@ class Types:
         }
 
 
-def _entry(name: str, kind: str, namespaced: bool) -> Obj:
+def _entry(name: str, kind: str, namespaced: bool) -> MutableObj:
     sub = "/" in name
     return {
         "name": name,

@@ -16,11 +16,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kubelet_dra.status.podjson import MutableObj
 from kubelet_dra.testing.fakeapi import _patch as patching
 from kubelet_dra.testing.fakeapi import _status as status
 from kubelet_dra.testing.fakeapi import _store as storage
 
-Obj = dict[str, Any]
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -47,7 +47,7 @@ class Backend:
 
     def create(
         self, res: storage.Resource, namespace: str, body: Any, *, keep_status: bool = False
-    ) -> Obj:
+    ) -> MutableObj:
         obj = _require_object(body)
         meta = obj.setdefault("metadata", {})
         if meta.get("namespace") not in (None, "", namespace):
@@ -73,10 +73,12 @@ class Backend:
             res.prepare(obj, None, storage.now_rfc3339())
         return self.store.create(res, obj)
 
-    def delete(self, res: storage.Resource, namespace: str, name: str, options: Any = None) -> Obj:
+    def delete(
+        self, res: storage.Resource, namespace: str, name: str, options: Any = None
+    ) -> MutableObj:
         pre = (options or {}).get("preconditions") or {} if isinstance(options, dict) else {}
 
-        def check(current: Obj) -> None:
+        def check(current: MutableObj) -> None:
             _check_preconditions(res, current, pre.get("uid"), pre.get("resourceVersion"))
 
         return self.store.delete(res, namespace, name, check)
@@ -91,7 +93,7 @@ class Backend:
         body: Any,
         *,
         subresource: str | None,
-    ) -> Obj:
+    ) -> MutableObj:
         obj = _require_object(body)
         meta = obj.get("metadata") or {}
         if meta.get("name") not in (None, name):
@@ -100,7 +102,7 @@ class Backend:
                 f"URL ({name})"
             )
 
-        def mutate(current: Obj) -> Obj:
+        def mutate(current: MutableObj) -> MutableObj:
             self._maybe_conflict_first(res, current, subresource)
             _check_preconditions(res, current, meta.get("uid"), meta.get("resourceVersion"))
             return self._compose(res, current, obj, subresource)
@@ -116,7 +118,7 @@ class Backend:
         *,
         content_type: str,
         subresource: str | None,
-    ) -> Obj:
+    ) -> MutableObj:
         patcher = _PATCHERS.get(content_type)
         if patcher is None:
             raise status.ApiError(
@@ -128,7 +130,7 @@ class Backend:
                 )
             )
 
-        def mutate(current: Obj) -> Obj:
+        def mutate(current: MutableObj) -> MutableObj:
             self._maybe_conflict_first(res, current, subresource)
             patched = _apply(patcher, current, body)
             meta = patched.get("metadata") or {}
@@ -149,21 +151,23 @@ class Backend:
         res: storage.Resource,
         namespace: str,
         name: str,
-        new_status: Obj,
+        new_status: MutableObj,
         *,
         force: bool = False,
-    ) -> Obj:
+    ) -> MutableObj:
         """A trusted status replacement (kubelet-like), still gated and validated."""
 
-        def mutate(current: Obj) -> Obj:
+        def mutate(current: MutableObj) -> MutableObj:
             return self._compose(res, current, {"status": copy.deepcopy(new_status)}, "status")
 
         return self.store.update(res, namespace, name, mutate, force=force)
 
-    def kubelet_write(self, namespace: str, name: str, compute: Callable[[Obj], list[Obj]]) -> Obj:
+    def kubelet_write(
+        self, namespace: str, name: str, compute: Callable[[MutableObj], list[MutableObj]]
+    ) -> MutableObj:
         """Replace ``status.containerStatuses`` whole, as the kubelet's status manager does."""
 
-        def mutate(current: Obj) -> Obj:
+        def mutate(current: MutableObj) -> MutableObj:
             new_status = copy.deepcopy(current.get("status") or {})
             new_status["containerStatuses"] = compute(copy.deepcopy(current))
             return self._compose(storage.PODS, current, {"status": new_status}, "status")
@@ -175,7 +179,7 @@ class Backend:
     # helpers
 
     def _maybe_conflict_first(
-        self, res: storage.Resource, current: Obj, subresource: str | None
+        self, res: storage.Resource, current: MutableObj, subresource: str | None
     ) -> None:
         if not (self.conflict_first_write and res is storage.PODS and subresource == "status"):
             return
@@ -187,8 +191,12 @@ class Backend:
         raise status.conflict(res.plural, current["metadata"]["name"])
 
     def _compose(
-        self, res: storage.Resource, current: Obj, proposed: Obj, subresource: str | None
-    ) -> Obj:
+        self,
+        res: storage.Resource,
+        current: MutableObj,
+        proposed: MutableObj,
+        subresource: str | None,
+    ) -> MutableObj:
         if subresource == "status":
             new = copy.deepcopy(current)
             new["status"] = copy.deepcopy(proposed.get("status") or {})
@@ -207,7 +215,7 @@ class Backend:
             res.prepare(new, current, storage.now_rfc3339())
         return new
 
-    def _pod_status_rules(self, pod: Obj) -> None:
+    def _pod_status_rules(self, pod: MutableObj) -> None:
         pod_status = pod.setdefault("status", {})
         status.drop_gated_fields(
             pod_status, health_gate=self.health_gate, message_gate=self.message_gate
@@ -217,13 +225,13 @@ class Backend:
             raise status.invalid("Pod", pod["metadata"]["name"], errors)
 
 
-def _require_object(body: Any) -> Obj:
+def _require_object(body: Any) -> MutableObj:
     if not isinstance(body, dict):
         raise status.bad_request("the body of the request must be a JSON object")
     return copy.deepcopy(body)
 
 
-def _apply(patcher: Callable[[Any, Any], Any], current: Obj, body: Any) -> Obj:
+def _apply(patcher: Callable[[Any, Any], Any], current: MutableObj, body: Any) -> MutableObj:
     try:
         patched = patcher(current, body)
     except patching.PatchError as err:
@@ -235,7 +243,7 @@ def _apply(patcher: Callable[[Any, Any], Any], current: Obj, body: Any) -> Obj:
     return patched
 
 
-def _check_preconditions(res: storage.Resource, current: Obj, uid: Any, rv: Any) -> None:
+def _check_preconditions(res: storage.Resource, current: MutableObj, uid: Any, rv: Any) -> None:
     meta = current["metadata"]
     if uid and uid != meta["uid"]:
         key = f"/registry/{res.plural}/{meta.get('namespace', '')}/{meta['name']}"
@@ -244,13 +252,13 @@ def _check_preconditions(res: storage.Resource, current: Obj, uid: Any, rv: Any)
         raise status.conflict(res.plural, meta["name"])
 
 
-def _initial_status(res: storage.Resource, obj: Obj) -> Obj:
+def _initial_status(res: storage.Resource, obj: MutableObj) -> MutableObj:
     if res is storage.PODS:
         return {"phase": "Pending", "qosClass": _qos_class(obj.get("spec") or {})}
     return {}
 
 
-def _qos_class(spec: Obj) -> str:
+def _qos_class(spec: MutableObj) -> str:
     containers = (spec.get("containers") or []) + (spec.get("initContainers") or [])
     resources = [c.get("resources") or {} for c in containers]
     if not any(r.get("requests") or r.get("limits") for r in resources):

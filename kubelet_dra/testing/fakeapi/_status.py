@@ -170,7 +170,8 @@ def _validate_resource_status(
     rs: dict[str, Any], path: str, container: dict[str, Any] | None
 ) -> list[FieldError]:
     errors: list[FieldError] = []
-    # A status for a container missing from the spec skips the name check (issue #124915).
+    # A status for a container missing from the spec skips the name check
+    # (kubernetes/kubernetes#124915).
     if container is not None:
         errors += _validate_name(str(rs.get("name", "")), f"{path}.name", container)
     seen: set[Any] = set()

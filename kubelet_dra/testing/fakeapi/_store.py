@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from kubelet_dra.status.podjson import MutableObj
 from kubelet_dra.testing.fakeapi import _status as status
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,9 @@ class Resource:
     namespaced: bool = True  # cluster-scoped objects are stored under namespace ""
     #: The type's defaulting and validation on create (``old`` None) and main-resource
     #: update, as a registry strategy does: ``prepare(obj, old, now)`` raises a 422 ApiError.
-    prepare: Callable[[Obj, Obj | None, str], None] | None = field(default=None, compare=False)
+    prepare: Callable[[MutableObj, MutableObj | None, str], None] | None = field(
+        default=None, compare=False
+    )
 
 
 META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
@@ -100,8 +101,8 @@ class Change:
     type: str
     resource: str
     rv: int
-    obj: Obj
-    prev: Obj | None
+    obj: MutableObj
+    prev: MutableObj | None
 
 
 class Expired(Exception):
@@ -118,7 +119,7 @@ class Selector:
         self._fields = [_parse_field_term(t, resource) for t in _split(fields)]
         self._labels = [_parse_label_term(t) for t in _split(labels)]
 
-    def matches(self, obj: Obj) -> bool:
+    def matches(self, obj: MutableObj) -> bool:
         return all(t(obj) for t in self._fields) and all(t(obj) for t in self._labels)
 
 
@@ -127,7 +128,7 @@ def _split(selector: str) -> list[str]:
     return [t.strip() for t in re.split(r",(?![^()]*\))", selector or "") if t.strip()]
 
 
-def _field_value(obj: Obj, label: str) -> str:
+def _field_value(obj: MutableObj, label: str) -> str:
     node: Any = obj
     for part in label.split("."):
         node = node.get(part) if isinstance(node, dict) else None
@@ -138,7 +139,7 @@ def _field_value(obj: Obj, label: str) -> str:
     return "" if node is None else str(node)
 
 
-def _parse_field_term(term: str, resource: Resource) -> Callable[[Obj], bool]:
+def _parse_field_term(term: str, resource: Resource) -> Callable[[MutableObj], bool]:
     match = re.fullmatch(r"([^=!]+)(==|!=|=)(.*)", term)
     if match is None:
         raise status.bad_request(f"invalid selector: '{term}'; can't understand '{term}'")
@@ -149,12 +150,12 @@ def _parse_field_term(term: str, resource: Resource) -> Callable[[Obj], bool]:
     return lambda obj: (_field_value(obj, label) == value) != negate
 
 
-def _labels_of(obj: Obj) -> dict[str, str]:
+def _labels_of(obj: MutableObj) -> dict[str, str]:
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return labels if isinstance(labels, dict) else {}
 
 
-def _parse_label_term(term: str) -> Callable[[Obj], bool]:
+def _parse_label_term(term: str) -> Callable[[MutableObj], bool]:
     set_match = re.fullmatch(r"([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)", term)
     if set_match:
         key, op, raw = set_match.groups()
@@ -188,14 +189,14 @@ class Store:
         self.generation = 0  # bumped to end all open watches
         self.bookmark_epoch = 0  # bumped to make every open watch send a bookmark now
         # Keyed by Resource.key; types registered later (_fakeapi_generic) get theirs on use.
-        self._objects: dict[str, dict[tuple[str, str], Obj]] = collections.defaultdict(dict)
+        self._objects: dict[str, dict[tuple[str, str], MutableObj]] = collections.defaultdict(dict)
         self._history: list[Change] = []
         self._history_rvs: list[int] = []
         self._oldest_rv = first_rv  # a watch may resume from this version or any later one
 
     # reads
 
-    def get(self, resource: Resource, namespace: str, name: str) -> Obj:
+    def get(self, resource: Resource, namespace: str, name: str) -> MutableObj:
         with self.cond:
             obj = self._objects[resource.key].get((namespace, name))
             if obj is None:
@@ -204,7 +205,7 @@ class Store:
 
     def select(
         self, resource: Resource, namespace: str | None, selector: Selector
-    ) -> tuple[list[Obj], int]:
+    ) -> tuple[list[MutableObj], int]:
         with self.cond:
             return self._matching(resource, namespace, selector), self.rv
 
@@ -216,7 +217,7 @@ class Store:
         *,
         after: tuple[str, str] | None,
         limit: int,
-    ) -> tuple[list[Obj], int, int]:
+    ) -> tuple[list[MutableObj], int, int]:
         """One page of a list: matches after the key ``after``, at most ``limit`` (0: all).
 
         Returns the page, how many matches follow it, and the resourceVersion. The items are
@@ -228,7 +229,7 @@ class Store:
             objects = self._objects[resource.key]
             keys = sorted(objects)
             start = bisect.bisect_right(keys, after) if after is not None else 0
-            page: list[Obj] = []
+            page: list[MutableObj] = []
             remaining = 0
             for key in keys[start:]:
                 obj = objects[key]
@@ -240,7 +241,9 @@ class Store:
                     remaining += 1
             return page, remaining, self.rv
 
-    def _matching(self, resource: Resource, namespace: str | None, selector: Selector) -> list[Obj]:
+    def _matching(
+        self, resource: Resource, namespace: str | None, selector: Selector
+    ) -> list[MutableObj]:
         items = sorted(self._objects[resource.key].items())
         return [
             copy.deepcopy(obj)
@@ -250,7 +253,7 @@ class Store:
 
     # writes
 
-    def create(self, resource: Resource, obj: Obj) -> Obj:
+    def create(self, resource: Resource, obj: MutableObj) -> MutableObj:
         meta = obj.setdefault("metadata", {})
         if resource.namespaced:
             namespace = meta.setdefault("namespace", "default")
@@ -274,10 +277,10 @@ class Store:
         resource: Resource,
         namespace: str,
         name: str,
-        mutate: Callable[[Obj], Obj],
+        mutate: Callable[[MutableObj], MutableObj],
         *,
         force: bool = False,
-    ) -> Obj:
+    ) -> MutableObj:
         """Replace an object with ``mutate(copy)``; a no-op keeps its resourceVersion."""
         with self.cond:
             current = self._objects[resource.key].get((namespace, name))
@@ -294,8 +297,8 @@ class Store:
         resource: Resource,
         namespace: str,
         name: str,
-        check: Callable[[Obj], None] | None = None,
-    ) -> Obj:
+        check: Callable[[MutableObj], None] | None = None,
+    ) -> MutableObj:
         with self.cond:
             current = self._objects[resource.key].get((namespace, name))
             if current is None:
@@ -310,7 +313,12 @@ class Store:
             return copy.deepcopy(gone)
 
     def _commit(
-        self, resource: Resource, key: tuple[str, str], obj: Obj, kind: str, prev: Obj | None
+        self,
+        resource: Resource,
+        key: tuple[str, str],
+        obj: MutableObj,
+        kind: str,
+        prev: MutableObj | None,
     ) -> None:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
@@ -354,6 +362,6 @@ class Store:
 
     def snapshot(
         self, resource: Resource, namespace: str | None, selector: Selector
-    ) -> Iterator[Obj]:
+    ) -> Iterator[MutableObj]:
         """Current objects for a watch's initial ADDED events; caller holds ``cond``."""
         yield from self._matching(resource, namespace, selector)

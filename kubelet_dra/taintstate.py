@@ -1,6 +1,6 @@
 """The taint bridge's memory across restarts: one small JSON file in the state dir.
 
-Private half of ``taintbridge``; no kubelet counterpart. It holds one :class:`taints.Track`
+The state file of ``taintloop``; no kubelet counterpart. It holds one :class:`taintpolicy.Track`
 per device that is not plainly healthy (its health, since when, and the decided taint), so
 a restart neither restarts ``--taint-after`` nor forgets a taint that must stay.
 
@@ -22,7 +22,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from kubelet_dra import errors, models, taints
+from kubelet_dra import errors, models, taintpolicy
 
 logger = logging.getLogger(__name__)
 
@@ -30,13 +30,13 @@ FILE_NAME = "taints.json"
 _FORMAT = 1
 
 
-class TaintState:
+class TaintStateFile:
     """Load and save the tracks of one node's devices."""
 
     def __init__(self, state_dir: pathlib.Path) -> None:
         self.path = pathlib.Path(state_dir) / FILE_NAME
 
-    def load(self) -> dict[models.DeviceKey, taints.Track]:
+    def load(self) -> dict[models.DeviceKey, taintpolicy.Track]:
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -56,7 +56,7 @@ class TaintState:
             )  # fmt: skip
             return {}
 
-    def save(self, tracks: Mapping[models.DeviceKey, taints.Track]) -> None:
+    def save(self, tracks: Mapping[models.DeviceKey, taintpolicy.Track]) -> None:
         """Replace the file atomically; raises ``errors.StoreError``."""
         data = json.dumps(_encode(tracks), separators=(",", ":"), sort_keys=True).encode()
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -73,7 +73,7 @@ class TaintState:
             raise errors.StoreError(f"taint state {self.path} not written: {exc}") from exc
 
 
-def _encode(tracks: Mapping[models.DeviceKey, taints.Track]) -> dict[str, Any]:
+def _encode(tracks: Mapping[models.DeviceKey, taintpolicy.Track]) -> dict[str, Any]:
     devices = []
     for key, track in sorted(tracks.items()):
         entry: dict[str, Any] = {
@@ -91,19 +91,19 @@ def _encode(tracks: Mapping[models.DeviceKey, taints.Track]) -> dict[str, Any]:
     return {"format": _FORMAT, "devices": devices}
 
 
-def _decode(doc: Any) -> dict[models.DeviceKey, taints.Track]:
+def _decode(doc: Any) -> dict[models.DeviceKey, taintpolicy.Track]:
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
         raise ValueError("unknown format")
-    tracks: dict[models.DeviceKey, taints.Track] = {}
+    tracks: dict[models.DeviceKey, taintpolicy.Track] = {}
     for entry in doc["devices"]:
         driver, pool, device = (str(part) for part in entry["device"])
         taint = None
         if entry.get("taint") is not None:
             raw = entry["taint"]
-            taint = taints.Taint(
+            taint = taintpolicy.Taint(
                 str(raw["value"]), float(raw["timeAdded"]), str(raw.get("message", ""))
             )
-        tracks[models.DeviceKey(driver, pool, device)] = taints.Track(
+        tracks[models.DeviceKey(driver, pool, device)] = taintpolicy.Track(
             models.HealthStatus(entry["health"]), float(entry["since"]), taint
         )
     return tracks
