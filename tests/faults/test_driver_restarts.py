@@ -62,14 +62,20 @@ class _Leaks:
         self.tasks = fx.task_names()
         self.fds = fx.open_fds()
 
-    def check(self) -> str:
-        tasks, fds = fx.task_names(), fx.open_fds()
+    async def check(self) -> str:
+        tasks = fx.task_names()
         # The status writer may be parked in a timed wait for rate-limited
         # events (a sleeper task and a wake task) at one moment and idle at
         # the other; a leak grows with the rounds, this does not.
         assert len(tasks) <= len(self.tasks) + 2, (self.tasks, tasks)
-        assert fds <= self.fds, f"{fds} open fds now, {self.fds} before"
-        return f"tasks {len(self.tasks)} -> {len(tasks)}, fds {self.fds} -> {fds}"
+        # A connection or channel being closed can hold its fd for a moment on a loaded
+        # machine; a leaked one stays open, so it still fails after the wait.
+        await eventually(
+            lambda: fx.open_fds() <= self.fds,
+            what=f"open fds back to {self.fds} (a leak keeps them)",
+            timeout=5,
+        )
+        return f"tasks {len(self.tasks)} -> {len(tasks)}, fds {self.fds} -> {fx.open_fds()}"
 
 
 @pytest.mark.parametrize("rounds", fx.versions(3))
@@ -95,7 +101,7 @@ async def test_driver_stopped_and_restarted_with_sockets_removed(
                 await driver.set_health(*world.reports(LEASE), resend=RESEND)
                 await eventually(lambda: world.converged(api), what="recovery", timeout=10)
             await _settle()
-            summary = leaks.check()
+            summary = await leaks.check()
     finally:
         await driver.stop()
     print(f"\ndriver stop/start (sockets removed): {rounds} rounds, {summary}")
@@ -124,7 +130,7 @@ async def test_driver_process_sigkilled_leaving_its_sockets_and_restarted(
             lambda: _all_unknown(api, world), what="Unknown after the last SIGKILL", timeout=10
         )
         await _settle()
-        summary = leaks.check()
+        summary = await leaks.check()
     print(f"\ndriver SIGKILL (sockets left): {rounds} rounds, {summary}")
 
 
@@ -191,7 +197,7 @@ async def test_rolling_upgrades_never_show_unknown(
                 old = new
             await _settle()
             assert not world.wrong_pods(api)
-            summary = leaks.check()
+            summary = await leaks.check()
     finally:
         await old.stop()
     blips = fx.unknown_writes(api, since)
