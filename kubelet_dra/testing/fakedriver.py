@@ -134,8 +134,6 @@ class FakeDriver:
     ("failed registration process: <error>"). ``v1alpha1_message=False``
     leaves ``message`` out of v1alpha1 reports, as helpers up to 1.35 do (their
     v1alpha1 has no message field); the 1.37 helper sends it on both versions.
-    ``last_sent`` is the wall-clock time (Unix seconds) the last health report
-    was handed to gRPC, on any stream: the receiver cannot have it earlier.
     """
 
     def __init__(
@@ -169,7 +167,6 @@ class FakeDriver:
         self.calls: collections.Counter[str] = collections.Counter()
         self.notifications: list[tuple[bool, str]] = []
         self.silent = False
-        self.last_sent: float | None = None
         self.prepare_devices: list[dict[str, Any]] | None = None
         self._devices: list[dict[str, Any]] | None = None
         self._streams: set[asyncio.Queue[list[dict[str, Any]] | _End]] = set()
@@ -350,11 +347,9 @@ class FakeDriver:
                     if code is not None and code is not grpc.StatusCode.OK:
                         await context.abort(code, message)
                     return
-                response = _response(
+                yield _response(
                     version, item, message=version != "v1alpha1" or self.v1alpha1_message
                 )
-                self.last_sent = time.time()
-                yield response
         finally:
             self._streams.discard(queue)
 
