@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import manager, settings, store
+from kubelet_dra import manager, models, settings, store
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually, make_claim, make_pod
 from tests.integration._sidecar_process import pod_health, settings_for
 
@@ -33,7 +33,7 @@ __all__ = [
     "open_fds",
     "pod_health",
     "resource_id",
-    "stored_deadlines",
+    "stored_records",
     "task_names",
     "unknown_writes",
     "versions",
@@ -162,15 +162,15 @@ def _unknown_resources(pod: dict[str, Any]) -> list[str]:
     ]
 
 
-def stored_deadlines(state_dir: pathlib.Path) -> dict[str, float]:
-    """Device name -> lease deadline (Unix seconds) in the sidecar's state file.
+def stored_records(state_dir: pathlib.Path) -> dict[str, models.DeviceHealth]:
+    """Device name -> record in the sidecar's state file.
 
     Read as a restarted sidecar loads it (committed rows, the WAL included),
     through a store that is not open for writing: the file stays as the kill
     left it for the next sidecar.
     """
     reader = store.HealthStore(state_dir / store.FILE_NAME, db=None)
-    return {key.device: record.deadline for key, record in reader.load()}
+    return {key.device: record for key, record in reader.load()}
 
 
 def writes_per_pod(api: FakeApiServer) -> dict[str, int]:
