@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import manager, models, settings, store
+from kubelet_dra import manager, models, settings
+from kubelet_dra.state import store
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually, make_claim, make_pod
 from tests.integration._sidecar_process import pod_health, settings_for
 
