@@ -478,6 +478,7 @@ class HealthCache:
             return
         devices = self._drivers[key.driver]
         del devices[key[1:]]
+        self._persisted.pop(key, None)  # else every device ever seen stays noted
         if not devices:
             del self._drivers[key.driver]
         if self._sink is not None:

@@ -27,7 +27,8 @@ cache as JSON rewritten (temp file + rename, no fsync) on every change. Here:
 - lease renewals are stored too (the kubelet stores only changes), but only
   when the stored record would otherwise expire within half its lease (the
   cache decides, ``healthinfo.PERSIST_FRACTION``), so after a restart a device
-  keeps at least half of its lease;
+  keeps at least half of its lease, counted from its driver's last report
+  committed before the crash;
 - a file that cannot be read (garbage, truncation, a schema we do not know)
   is moved aside with a clear error and the cache starts empty: the process
   never crash-loops on its own state;

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import manager, settings
+from kubelet_dra import manager, models, settings
+from kubelet_dra.state import store
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually, make_claim, make_pod
 from tests.integration._sidecar_process import pod_health, settings_for
 
@@ -33,6 +34,7 @@ __all__ = [
     "open_fds",
     "pod_health",
     "resource_id",
+    "stored_records",
     "task_names",
     "unknown_writes",
     "versions",
@@ -159,6 +161,17 @@ def _unknown_resources(pod: dict[str, Any]) -> list[str]:
         for resource in entry.get("resources") or []
         if resource.get("health") == "Unknown"
     ]
+
+
+def stored_records(state_dir: pathlib.Path) -> dict[str, models.DeviceHealth]:
+    """Device name -> record in the sidecar's state file.
+
+    Read as a restarted sidecar loads it (committed rows, the WAL included),
+    through a store that is not open for writing: the file stays as the kill
+    left it for the next sidecar.
+    """
+    reader = store.HealthStore(state_dir / store.FILE_NAME, db=None)
+    return {key.device: record for key, record in reader.load()}
 
 
 def writes_per_pod(api: FakeApiServer) -> dict[str, int]:

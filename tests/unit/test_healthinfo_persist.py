@@ -89,6 +89,41 @@ def test_a_renewal_after_a_gap_longer_than_half_the_lease_is_persisted(
 
 
 @pytest.mark.parametrize(
+    ("offset", "persisted"),
+    [(-1e-3, False), (0.0, True), (1e-3, True)],
+    ids=["just-under-half", "exactly-half", "just-over-half"],
+)
+@pytest.mark.parametrize("timeout", [0, 2, 30, 300], ids=lambda t: f"timeout-{t}s")
+def test_the_boundary_is_half_the_lease_since_the_stored_copy(
+    cache: healthinfo.HealthCache,
+    sink: Sink,
+    fake: clock.FakeClock,
+    timeout: int,
+    offset: float,
+    persisted: bool,
+) -> None:
+    # timeout 0 is the node default (30 s); the boundary scales with the lease.
+    lease = cache.lease_for(timeout)
+    stored_at = fake.now()
+    cache.update(DRV, [rep(timeout=timeout)], now=stored_at)
+    assert len(sink.take()) == 1
+    for _ in range(2):  # twice: the second boundary counts from the copy stored at the first
+        cache.update(DRV, [rep(timeout=timeout)], now=stored_at + lease / 4)
+        assert sink.take() == []
+        at = stored_at + lease / 2 + offset
+        cache.update(DRV, [rep(timeout=timeout)], now=at)
+        rows = sink.take()
+        assert [r.last_report for _, r in rows if r] == ([at] if persisted else [])
+        if not persisted:
+            # A restart now would still load more than half the lease from the old copy.
+            assert stored_at + lease - at > lease / 2
+            at = stored_at + lease / 2
+            cache.update(DRV, [rep(timeout=timeout)], now=at)
+            assert [r.last_report for _, r in sink.take() if r] == [at]
+        stored_at = at
+
+
+@pytest.mark.parametrize(
     "changed",
     [
         rep(health=H.UNHEALTHY),
