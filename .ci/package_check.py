@@ -418,12 +418,12 @@ def install_extra(venv: Path, extra: str) -> list[str]:
 
 
 REQUIREMENTS_OF_EXTRA = """
-import importlib.metadata, re, sys
-extra = sys.argv[1]
+import importlib.metadata, sys
+wanted = 'extra=="%s"' % sys.argv[1]
 for req in importlib.metadata.requires("kubelet-dra") or []:
     name, _, marker = req.partition(";")
-    if re.search(r"extra\\s*==\\s*['\"]" + re.escape(extra) + r"['\"]", marker):
-        print(name.strip().replace(" ", ""))
+    if marker.replace(" ", "").replace("'", '"') == wanted:
+        print(name.replace(" ", ""))
 """
 
 

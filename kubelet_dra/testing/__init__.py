@@ -24,14 +24,52 @@ The pytest plugin (``kubelet_dra.testing.pytest_plugin``, loaded through the
 ``pytest11`` entry point ``kubelet_dra``) gives all of it as ``kdra_*`` fixtures.
 Our own integration tests, the demo and the benchmarks use exactly these, so
 other projects can test their node agents and kubelets with them too.
+
+The names are imported on first use (PEP 562, as in ``kubelet_dra``): pytest loads
+the plugin module, and with it this package, in every run where the package is
+installed, and a run that uses no fixture of the kit must not pay for gRPC and the
+kubernetes client.
 """
 
-from kubelet_dra.testing._eventually import eventually, eventually_sync
-from kubelet_dra.testing._kit import PodStore, make_settings, socket_dir
-from kubelet_dra.testing._podhealth import DeviceHealthEntry, PodDeviceHealth, pod_device_health
-from kubelet_dra.testing.fakeapi import Container, FakeApiServer, PodClaim, make_claim, make_pod
-from kubelet_dra.testing.fakedriver import FakeDriver
-from kubelet_dra.testing.fakedriver_control import FakeDriverClient
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kubelet_dra.testing._eventually import eventually, eventually_sync
+    from kubelet_dra.testing._kit import PodStore, make_settings, socket_dir
+    from kubelet_dra.testing._podhealth import (
+        DeviceHealthEntry,
+        PodDeviceHealth,
+        pod_device_health,
+    )
+    from kubelet_dra.testing.fakeapi import (
+        Container,
+        FakeApiServer,
+        PodClaim,
+        make_claim,
+        make_pod,
+    )
+    from kubelet_dra.testing.fakedriver import FakeDriver
+    from kubelet_dra.testing.fakedriver_control import FakeDriverClient
+
+# name -> module: the public names, imported on first use.
+_LAZY: dict[str, str] = {
+    "Container": "kubelet_dra.testing.fakeapi",
+    "DeviceHealthEntry": "kubelet_dra.testing._podhealth",
+    "FakeApiServer": "kubelet_dra.testing.fakeapi",
+    "FakeDriver": "kubelet_dra.testing.fakedriver",
+    "FakeDriverClient": "kubelet_dra.testing.fakedriver_control",
+    "PodClaim": "kubelet_dra.testing.fakeapi",
+    "PodDeviceHealth": "kubelet_dra.testing._podhealth",
+    "PodStore": "kubelet_dra.testing._kit",
+    "eventually": "kubelet_dra.testing._eventually",
+    "eventually_sync": "kubelet_dra.testing._eventually",
+    "make_claim": "kubelet_dra.testing.fakeapi",
+    "make_pod": "kubelet_dra.testing.fakeapi",
+    "make_settings": "kubelet_dra.testing._kit",
+    "pod_device_health": "kubelet_dra.testing._podhealth",
+    "socket_dir": "kubelet_dra.testing._kit",
+}
 
 __all__ = [
     "Container",
@@ -50,3 +88,15 @@ __all__ = [
     "pod_device_health",
     "socket_dir",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
