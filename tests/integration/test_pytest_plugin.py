@@ -41,7 +41,7 @@ def fixture_names(tree: ast.Module) -> set[str]:
             text = ast.unparse(call)
             if text.endswith("fixture") or text == "_async_fixture":
                 names = [
-                    kw.value.value
+                    str(kw.value.value)
                     for kw in getattr(deco, "keywords", ())
                     if kw.arg == "name" and isinstance(kw.value, ast.Constant)
                 ]
@@ -140,7 +140,7 @@ def test_api_and_its_client(kdra_api, kdra_kube_client):
 """
 
 
-@pytest.mark.slow  # one pytest subprocess: 18 s at a load of 30 on 2 cores
+@pytest.mark.slow  # one pytest subprocess: 8 to 18 s on 2 loaded cores
 def test_fixtures_work_in_strict_asyncio_mode(tmp_path: pathlib.Path) -> None:
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n"
@@ -162,7 +162,7 @@ def test_fixtures_work_in_strict_asyncio_mode(tmp_path: pathlib.Path) -> None:
     assert "2 passed" in out.stdout
 
 
-@pytest.mark.slow  # one pytest subprocess: 16 s at a load of 30 on 2 cores
+@pytest.mark.slow  # one pytest subprocess: 4 to 16 s on 2 loaded cores
 def test_without_pytest_asyncio_the_async_fixtures_say_what_is_missing(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+from typing import Any
 
 import kubernetes.client
 import pytest
@@ -20,7 +21,7 @@ from kubelet_dra.testing import (
 NOW = 1_800_000_000.0
 
 
-def pod_with_health() -> dict:
+def pod_with_health() -> dict[str, Any]:
     pod = make_pod("train", claims=["gpu"], containers=["init-free", "main"])
     statuses = pod["status"]["containerStatuses"]
     statuses[1]["allocatedResourcesStatus"] = [
@@ -54,7 +55,8 @@ def test_pod_device_health_reads_claim_entries_and_the_condition() -> None:
 
 def test_pod_device_health_of_a_client_model_equals_that_of_the_dict() -> None:
     pod = pod_with_health()
-    model = kubernetes.client.ApiClient()._ApiClient__deserialize(pod, "V1Pod")
+    client: Any = kubernetes.client.ApiClient()
+    model = client._ApiClient__deserialize(pod, "V1Pod")  # what read_namespaced_pod returns
     assert pod_device_health(model) == pod_device_health(pod)
 
 
