@@ -19,8 +19,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kubelet_dra.agentpods import PodHealthUpdate
-from kubelet_dra.podstatus import merge as merge_pod_status
 from kubelet_dra.settings import Settings
+from kubelet_dra.status.podstatus import merge as merge_pod_status
 from kubelet_dra.testing._podhealth import PodDeviceHealth, pod_device_health
 
 __all__ = ["PodStore", "make_settings", "socket_dir"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from kubelet_dra import podjson, podstatus
+from kubelet_dra.status import podjson, podstatus
 
 __all__ = ["DeviceHealthEntry", "PodDeviceHealth", "pod_device_health"]
 

@@ -9,7 +9,8 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from kubelet_dra import DeviceKey, HealthStatus, PodHealthUpdate, Role, podstatus
+from kubelet_dra import DeviceKey, HealthStatus, PodHealthUpdate, Role
+from kubelet_dra.status import podstatus
 from kubelet_dra.testing import (
     PodStore,
     make_pod,
