@@ -5,12 +5,16 @@ the same idea, written for pytest). Integration tests watch real processes and
 real sockets, so they poll on real time; unit tests advance a ``FakeClock``
 instead and need none of this.
 
-The predicate decides by truthiness. What it returned last (or the message of
-the ``AssertionError`` it raised last) is "what was seen" in the failure, so a
-predicate that returns the observed value, or asserts with a message, makes a
-timeout self-explanatory::
+The predicate decides by truthiness. An exception of a ``retry_on`` type (by
+default ``AssertionError`` and ``LookupError``: a ``KeyError`` or ``IndexError``
+of a predicate reading an object that is not there yet) is "not yet" too; any
+other exception fails at once, as a bug in the predicate should. What it
+returned last (or the exception it raised last) is "what was seen" in the
+failure, so a predicate that returns the observed value, or asserts with a
+message, makes a timeout self-explanatory::
 
     await eventually(lambda: health_of(api, "train-a") or None, what="a health entry")
+    await eventually(lambda: api.get_pod("default", "p")["status"]["containerStatuses"][0])
 """
 
 from __future__ import annotations
@@ -30,43 +34,56 @@ T = TypeVar("T")
 # Long enough to say what was seen, short enough for one screen of pytest output.
 _SHOWN = 2000
 
+#: What counts as "not yet" unless a caller says otherwise: a failed assertion, and a
+#: missing key or index (a predicate that reads ``pod["status"]["containerStatuses"][0]``
+#: before the kubelet wrote it).
+NOT_YET: tuple[type[Exception], ...] = (AssertionError, LookupError)
+
 
 class TimedOut(AssertionError):
     """The wait is over: not an answer of the predicate (an ``AssertionError`` is "not yet")."""
 
 
 class _Wait:
-    """One wait: its deadline and the predicate's last answer (a value or an assertion)."""
+    """One wait: its deadline and the predicate's last answer (a value or an exception)."""
 
-    def __init__(self, predicate: Callable[..., object], what: str | None, timeout: float):
+    def __init__(
+        self,
+        predicate: Callable[..., object],
+        what: str | None,
+        timeout: float,
+        retry_on: tuple[type[BaseException], ...],
+    ):
         self.predicate, self.what, self.timeout = predicate, what, timeout
+        self.retry_on = retry_on
         self.deadline = time.monotonic() + timeout
         self.seen = "nothing (the predicate never returned)"
 
     @contextlib.contextmanager
     def attempt(self) -> Iterator[None]:
-        """Around one call of the predicate: an ``AssertionError`` from it is "not yet"."""
+        """Around one call of the predicate: an exception of ``retry_on`` is "not yet"."""
         try:
             yield
         except TimedOut:
             raise
-        except AssertionError as exc:
+        except self.retry_on as exc:
             failure = exc
         else:
             return
         self.saw(failure)
 
     def saw(self, answer: object) -> None:
-        """Remember a falsy answer; past the deadline, fail with it."""
-        if isinstance(answer, AssertionError):
-            self.seen = _clip(f"AssertionError: {answer}".strip())
+        """Remember a falsy answer or a "not yet" exception; past the deadline, fail with it."""
+        if isinstance(answer, BaseException):
+            self.seen = _clip(f"{type(answer).__name__}: {answer}".strip())
         else:
             self.seen = _clip(repr(answer))
         if time.monotonic() > self.deadline:
+            # Chained, so that pytest also shows where the last "not yet" was raised.
             raise TimedOut(
                 f"timed out after {self.timeout:g} s waiting for "
                 f"{self.what or describe(self.predicate)}; last seen: {self.seen}"
-            )
+            ) from (answer if isinstance(answer, BaseException) else None)
 
 
 def _clip(text: str) -> str:
@@ -104,6 +121,7 @@ async def eventually(
     what: str | None = None,
     timeout: float = 5.0,
     interval: float = 0.01,
+    retry_on: tuple[type[BaseException], ...] = NOT_YET,
 ) -> T: ...
 
 
@@ -114,6 +132,7 @@ async def eventually(
     what: str | None = None,
     timeout: float = 5.0,
     interval: float = 0.01,
+    retry_on: tuple[type[BaseException], ...] = NOT_YET,
 ) -> T: ...
 
 
@@ -123,14 +142,17 @@ async def eventually(
     what: str | None = None,
     timeout: float = 5.0,
     interval: float = 0.01,
+    retry_on: tuple[type[BaseException], ...] = NOT_YET,
 ) -> T:
     """Call ``predicate`` every ``interval`` seconds until it returns a truthy value; return it.
 
-    ``predicate`` may be a coroutine function; an ``AssertionError`` it raises counts as
-    "not yet". After ``timeout`` real seconds raise ``AssertionError`` naming ``what``
-    (default: the predicate's source) and the last value or assertion seen.
+    ``predicate`` may be a coroutine function; an exception of a ``retry_on`` type it
+    raises (default :data:`NOT_YET`: ``AssertionError``, ``KeyError``, ``IndexError``)
+    counts as "not yet"; any other propagates at once. After ``timeout`` real seconds
+    raise ``AssertionError`` naming ``what`` (default: the predicate's source) and the
+    last value or exception seen (chained to it).
     """
-    wait = _Wait(predicate, what, timeout)
+    wait = _Wait(predicate, what, timeout, retry_on)
     while True:
         with wait.attempt():
             answer = predicate()
@@ -147,9 +169,10 @@ def eventually_sync(
     what: str | None = None,
     timeout: float = 5.0,
     interval: float = 0.05,
+    retry_on: tuple[type[BaseException], ...] = NOT_YET,
 ) -> T:
     """:func:`eventually` for code without an event loop: blocks the calling thread."""
-    wait = _Wait(predicate, what, timeout)
+    wait = _Wait(predicate, what, timeout, retry_on)
     while True:
         with wait.attempt():
             if result := predicate():

@@ -78,3 +78,43 @@ class Empty:
 def test_a_long_answer_is_clipped() -> None:
     with pytest.raises(AssertionError, match=r"x\.\.\. \(5000 chars\)$"):
         eventually_sync(answers(Empty()), timeout=0)
+
+
+def raising(*errors: BaseException, then: object = "ready") -> Callable[[], object]:
+    """A predicate that raises ``errors`` in turn, then answers ``then``."""
+    queue = list(errors)
+
+    def next_answer() -> object:
+        if queue:
+            raise queue.pop(0)
+        return then
+
+    return next_answer
+
+
+def test_a_missing_key_or_index_is_not_yet() -> None:
+    # A predicate reading an object that is not there yet: pod["status"][...][0].
+    assert eventually_sync(raising(KeyError("status"), IndexError("0")), interval=0) == "ready"
+
+
+async def test_a_timeout_shows_the_last_lookup_error_and_chains_it() -> None:
+    missing = KeyError("allocatedResourcesStatus")
+    with pytest.raises(AssertionError) as caught:
+        await eventually(raising(*[missing] * 1000), what="a health entry", timeout=0)
+    assert str(caught.value) == (
+        "timed out after 0 s waiting for a health entry; "
+        "last seen: KeyError: 'allocatedResourcesStatus'"
+    )
+    assert caught.value.__cause__ is missing
+
+
+async def test_other_exceptions_fail_at_once() -> None:
+    # A TypeError is a bug in the predicate, not a state to wait out.
+    with pytest.raises(TypeError, match="bug"):
+        await eventually(raising(TypeError("bug")), timeout=5)
+
+
+def test_retry_on_chooses_what_is_not_yet() -> None:
+    assert eventually_sync(raising(OSError("refused")), retry_on=(OSError,), interval=0) == "ready"
+    with pytest.raises(KeyError):
+        eventually_sync(raising(KeyError("x")), retry_on=(AssertionError,), timeout=5)
