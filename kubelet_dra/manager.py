@@ -425,6 +425,7 @@ class DRAHealthManager:
             kubelet_removes_field=bool(stats and stats.kubelet_removes),
             field_removals=stats.field_removals if stats else 0,
             now=now,
+            loop_tasks=_live_tasks(),
             taints=self.taints.metric_state() if self.taints is not None else None,
         )
 
@@ -470,3 +471,11 @@ class DRAHealthManager:
         if self.writer.stats.kubelet_removes:
             notes["container_status"] = self.writer.kubelet.note()
         return notes
+
+
+def _live_tasks() -> int:
+    # Called on the loop (metric_state); outside a running loop there are none to count.
+    try:
+        return sum(1 for task in asyncio.all_tasks() if not task.done())
+    except RuntimeError:
+        return 0

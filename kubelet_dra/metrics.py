@@ -87,6 +87,8 @@ class State:
     kubelet_removes_field: bool = False
     field_removals: int = 0
     now: float = 0.0
+    #: asyncio tasks alive on the event loop (a leak of tasks shows as a rising count).
+    loop_tasks: int = 0
     taints: TaintState | None = None  # None: the taint bridge is off by configuration
 
 
@@ -135,6 +137,7 @@ class _Collector(registry.Collector):
         yield from _device_metrics(state)
         yield from _writer_metrics(state)
         yield from _store_metrics(state)
+        yield _loop_metrics(state)
         if state.taints is not None:
             yield from _taint_metrics(state.taints)
 
@@ -227,6 +230,12 @@ def _device_metrics(state: State) -> Iterator[core.Metric]:
     expiries.add_metric([], state.lease_expiries)
     yield devices
     yield expiries
+
+
+def _loop_metrics(state: State) -> core.Metric:
+    tasks = _gauge("event_loop_tasks", "asyncio tasks alive on the event loop.", [])
+    tasks.add_metric([], state.loop_tasks)
+    return tasks
 
 
 def _writer_metrics(state: State) -> Iterator[core.Metric]:
