@@ -135,7 +135,7 @@ class World:
             min(i.end if i.end is not None else now, restarted[-1])
             - max(i.start, down - plan.LEASE / 2)
             for i in self.intervals
-            if i.part == "disk"
+            if (i.part == "disk" or i.kind == "disk-readonly")
             and i.start < restarted[-1]
             and (i.end is None or i.end > down - plan.LEASE / 2)
         )

@@ -19,8 +19,9 @@ takes every new request). Watches are relayed chunk by chunk as they stream.
 It also records what the checks need from the sidecar's own traffic, as the
 server answered it: every accepted pod status write with the pod the server
 stored (the body of the answer: the same pod that ``tests/faults/_faults``'s
-blip detector reads from the FakeApiServer's records), and every write the
-server refused as invalid (400 or 422).
+blip detector reads from the FakeApiServer's records), every write the server
+refused as invalid (400, or 422 naming causes), and how many JSON patches it
+could not apply (a failed ``test``: a conflict the writer handles).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class FaultProxy:
         self.refused: list[Refused] = []
         self.injected: dict[str, int] = dict.fromkeys(FAULTS, 0)
         self.requests = 0
+        self.test_failures = 0
         #: Bugs of the proxy itself (a soak with any fails: its traffic was not what it says).
         self.errors: list[str] = []
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -211,6 +213,10 @@ class FaultProxy:
                 stored = json.loads(body)
                 name = request.path.split("?")[0].rstrip("/").rsplit("/", 2)[-2]
                 self.writes.append(StatusWrite(now, name, stored))
+        elif status == 422 and _patch_test_failed(body):
+            # A JSON patch whose `test` failed: the pod changed under the writer (the
+            # writer re-reads and plans again), not content the server found invalid.
+            self.test_failures += 1
         elif status in (400, 422):
             self.refused.append(
                 Refused(
@@ -322,6 +328,20 @@ def _relay_response(
             conn.sendall(data)
         raise _Closed
     return status, head, bytes(body) if body is not None else None
+
+
+def _patch_test_failed(body: bytes) -> bool:
+    """Whether a 422 is the API server's answer to a JSON patch it could not apply.
+
+    It answers a failed ``test`` (or a path that is not there) with a bare 422: reason
+    ``Invalid``, the generic message and no details (``NewGenericServerResponse`` in
+    its patch handler); content it refuses names the object and lists the causes.
+    """
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return False
+    return status.get("reason") == "Invalid" and not status.get("details")
 
 
 def _answer_fault(conn: ssl.SSLSocket, window: Window) -> None:

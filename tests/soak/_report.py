@@ -43,7 +43,7 @@ class Bounds:
 
 
 LONG = Bounds(rss_mb=2.0, fds=10.0, tasks=10.0, threads=10.0, state_mb=1.0)
-SHORT = Bounds(rss_mb=200.0, fds=600.0, tasks=600.0, threads=600.0, state_mb=50.0)
+SHORT = Bounds(rss_mb=60.0, fds=120.0, tasks=120.0, threads=120.0, state_mb=30.0)
 
 
 def bounds_for(minutes: float) -> Bounds:
@@ -105,6 +105,7 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
         "writes_per_minute": round(len(soak.proxy.writes) / max(minutes_run, 1e-9), 1),
         "proxy_requests": soak.proxy.requests,
         "proxy_injected": dict(soak.proxy.injected),
+        "patch_tests_failed": soak.proxy.test_failures,
         "sidecar_lives": soak.sidecar.lives,
         "lost_final_states": lost,
         "convergence_bound_s": checks.BOUND,
@@ -186,7 +187,8 @@ def table(summary: dict[str, Any]) -> str:
         f"max {lag['max'] and round(lag['max'], 1)} s ({lag['count']} episodes) |",
         f"| final convergence | {summary['final_convergence']['converged_after']} s after the last fault window |",
         f"| Unknown blips (lease running) | {len(summary['unknown_blips'])} |",
-        f"| writes refused as invalid | {len(summary['refused_invalid'])} |",
+        f"| writes refused as invalid | {len(summary['refused_invalid'])} "
+        f"(and {summary['patch_tests_failed']} JSON patches whose `test` failed: conflicts) |",
         f"| RSS slope | {slope('rss_mb', 'MB')} (range {span('rss_mb', '{:.1f}')} MB) |",
         f"| fds slope | {slope('fds', 'fds')} (range {span('fds')}) |",
         f"| asyncio tasks slope | {slope('tasks', 'tasks')} (range {span('tasks')}) |",

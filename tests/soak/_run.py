@@ -283,9 +283,7 @@ class Soak:
             if sig == signal.SIGTERM and code != 0:
                 self.errors.append(f"sidecar exited {code} on SIGTERM")
             time.sleep(seconds)
-            self.sidecar.start()
-            self.world.sidecar_starts.append(time.time())
-            self.sidecar.wait_ready()
+            self._restart_sidecar()
         elif kind.startswith("driver-sigkill"):
             index = int(fault.part.split("-")[1])
             driver = self.drivers[index]
@@ -309,11 +307,20 @@ class Soak:
             time.sleep(seconds)
             self.disk.unfill()
         elif kind == "disk-readonly":
+            # A live remount read-only fails (EBUSY: SQLite holds the file open for
+            # writing), so the sidecar crashes and comes back on a read-only disk.
+            self.sidecar.signal(signal.SIGKILL)
             self.disk.readonly(True)
+            self._restart_sidecar()
             time.sleep(seconds)
             self.disk.readonly(False)
         else:
             raise ValueError(kind)
+
+    def _restart_sidecar(self) -> None:
+        self.sidecar.start()
+        self.world.sidecar_starts.append(time.time())
+        self.sidecar.wait_ready()
 
     def _flood(self, driver: parts.Driver, seconds: float) -> None:
         # In its own thread: the driver's health changes go on during the flood.
