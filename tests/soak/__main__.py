@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import signal
 import random
+import signal
 import sys
 import tempfile
 from pathlib import Path

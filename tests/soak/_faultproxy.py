@@ -226,7 +226,7 @@ class FaultProxy:
                     status,
                     body[:500].decode(errors="replace"),
                     request.body[:20000].decode(errors="replace"),
-                )  # fmt: skip
+                )
             )
 
 

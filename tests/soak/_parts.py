@@ -161,10 +161,12 @@ class Sidecar:
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"sidecar exited: see {self.log.name}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{self.metrics_url}/healthz", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{self.metrics_url}/healthz", timeout=2) as answer,
+            ):
+                if answer.status == 200:
+                    return
             time.sleep(0.1)
         raise TimeoutError("sidecar not healthy in time")
 

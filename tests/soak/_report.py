@@ -64,11 +64,12 @@ def slopes(soak: Soak) -> dict[str, float | None]:
         born = starts[life - 1] - soak.t0 if 0 < life <= len(starts) else 0.0
         if row["t"] < skip or row["t"] < born + LIFE_WARMUP:
             continue
+        values = dict(row)
         if "state_bytes" in row:
-            row = {**row, "state_mb": row["state_bytes"] / 2**20}
+            values["state_mb"] = row["state_bytes"] / 2**20
         for name in SERIES:
-            if row.get(name) is not None:
-                series[name].append((life, float(row["t"]), float(row[name])))
+            if values.get(name) is not None:
+                series[name].append((life, float(row["t"]), float(values[name])))
     out = {}
     for name, points in series.items():
         slope = checks.pooled_slope(points)
@@ -84,14 +85,7 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
     blips = checks.blips(soak.world, soak.proxy.writes, soak.t0)
     refused = [dataclasses.asdict(r) for r in soak.proxy.refused]
     fitted = slopes(soak)
-    resources = {
-        name: {
-            "slope_per_hour": None if fitted[name] is None else round(fitted[name], 3),
-            "bound_per_hour": getattr(bounds, name),
-            "ok": fitted[name] is not None and abs(fitted[name]) <= getattr(bounds, name),
-        }
-        for name in SERIES
-    }
+    resources = {name: _resource(fitted[name], getattr(bounds, name)) for name in SERIES}
     lags = sorted(soak.conv.lags)
     rows = [r for r in soak.samples]
     minutes_run = (rows[-1]["t"] / 60) if rows else 0.0
@@ -131,6 +125,14 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
     )
     _write(soak, summary)
     return summary
+
+
+def _resource(slope: float | None, bound: float) -> dict[str, Any]:
+    return {
+        "slope_per_hour": None if slope is None else round(slope, 3),
+        "bound_per_hour": bound,
+        "ok": slope is not None and abs(slope) <= bound,
+    }
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -179,13 +181,16 @@ def table(summary: dict[str, Any]) -> str:
         "| proxy answers injected | "
         + ", ".join(f"{k} {v}" for k, v in summary["proxy_injected"].items())
         + f" of {summary['proxy_requests']} requests |",
-        f"| health changes, sidecar lives | {summary['health_changes']}, {summary['sidecar_lives']} |",
+        f"| health changes, sidecar lives | {summary['health_changes']}, "
+        f"{summary['sidecar_lives']} |",
         f"| status writes accepted | {summary['status_writes_accepted']} "
         f"({summary['writes_per_minute']:g} a minute) |",
-        f"| lost final states | {len(summary['lost_final_states'])} (bound {summary['convergence_bound_s']:g} s) |",
+        f"| lost final states | {len(summary['lost_final_states'])} "
+        f"(bound {summary['convergence_bound_s']:g} s) |",
         f"| convergence lag after a change or fault | p50 {lag['p50']} s, p99 {lag['p99']} s, "
         f"max {lag['max'] and round(lag['max'], 1)} s ({lag['count']} episodes) |",
-        f"| final convergence | {summary['final_convergence']['converged_after']} s after the last fault window |",
+        f"| final convergence | {summary['final_convergence']['converged_after']} s "
+        "after the run's end |",
         f"| Unknown blips (lease running) | {len(summary['unknown_blips'])} |",
         f"| writes refused as invalid | {len(summary['refused_invalid'])} "
         f"(and {summary['patch_tests_failed']} JSON patches whose `test` failed: conflicts) |",

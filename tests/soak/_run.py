@@ -27,7 +27,7 @@ import traceback
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlparse
 
 from kubelet_dra.testing import make_claim, make_pod
@@ -174,7 +174,9 @@ class Soak:
             )
         except Exception:
             return None
-        return {p["metadata"]["name"]: p for p in json.loads(answer.data)["items"]}
+        # _preload_content=False: the raw urllib3 answer, not the V1PodList of the stubs.
+        items: list[dict[str, Any]] = json.loads(cast(Any, answer).data)["items"]
+        return {p["metadata"]["name"]: p for p in items}
 
     def scrape(self) -> dict[str, float]:
         try:

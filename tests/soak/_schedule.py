@@ -161,7 +161,8 @@ def _place(
 
 def _changes(rng: random.Random, end: float) -> list[Change]:
     """Health changes from the first seconds to 20 s before the end."""
-    changes, at = [], 5.0
+    changes: list[Change] = []
+    at = 5.0
     while True:
         at += rng.expovariate(1 / CHANGE_EVERY)
         if at >= end:
