@@ -128,6 +128,7 @@ class Soak:
             etcd_bin=_build.ensure("etcd"),
             apiserver_bin=_build.ensure("kube-apiserver"),
             workdir=out / "apiserver",
+            timeout=300.0,  # a loaded 2-core machine (load 50 seen) takes minutes
         )
         self._exit.callback(server.stop)
         return server
