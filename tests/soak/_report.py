@@ -27,7 +27,7 @@ from . import _schedule as plan
 if TYPE_CHECKING:
     from ._run import Soak
 
-LIFE_WARMUP = 60.0
+LIFE_WARMUP = 120.0
 SERIES = ("rss_mb", "fds", "tasks", "threads", "state_mb")
 
 
@@ -47,7 +47,7 @@ SHORT = Bounds(rss_mb=60.0, fds=120.0, tasks=120.0, threads=120.0, state_mb=30.0
 
 
 def bounds_for(minutes: float) -> Bounds:
-    return LONG if minutes >= 30 else SHORT
+    return LONG if minutes >= 25 else SHORT
 
 
 def settle(minutes: float) -> float:

@@ -6,7 +6,9 @@ start and written to ``schedule.json``).
 
 Each part (the sidecar, each driver, the API server, the fault proxy, the state dir) has
 its faults placed without overlap on its own timeline; faults of different parts overlap
-freely. Every kind appears at least once, whatever the length, and longer runs add more
+freely. The sidecar's own faults fall in the first third of the faulted time, so that its
+last life (two thirds of the run) measures the resource slopes. Every kind appears at
+least once, whatever the length, and longer runs add more
 at the rates of :data:`PER_HOUR`. Faults start after :data:`WARMUP` seconds and end
 :data:`QUIET` seconds before the end, which is left for the final convergence check.
 """
@@ -40,7 +42,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "disk": ("disk-full",),
 }
 #: Extra faults per hour of faulted time, per part (beyond one of each kind).
-PER_HOUR = {"sidecar": 12.0, "driver": 6.0, "apiserver": 4.0, "proxy": 24.0, "disk": 10.0}
+PER_HOUR = {"sidecar": 24.0, "driver": 6.0, "apiserver": 4.0, "proxy": 24.0, "disk": 10.0}
 #: (shortest, longest) seconds each kind lasts: the outage, the window, the flood.
 DURATIONS: dict[str, tuple[float, float]] = {
     "sidecar-sigkill": (0.5, 3.0),
@@ -56,6 +58,8 @@ DURATIONS: dict[str, tuple[float, float]] = {
     "disk-full": (5.0, 15.0),
     "disk-readonly": (5.0, 15.0),
 }
+#: Share of the faulted time, from its start, in which the sidecar's own faults fall.
+SIDECAR_SHARE = 1 / 3
 #: Mean seconds between two health changes (any driver).
 CHANGE_EVERY = 3.0
 LONG_MESSAGE_RATE = 0.1
@@ -120,7 +124,12 @@ def make(seed: int, minutes: float) -> Schedule:
     start, end = WARMUP, max(WARMUP + 30.0, minutes * 60 - QUIET)
     faults: list[Fault] = []
     for part in part_names():
-        faults += _place(rng, part, _kinds_for(rng, part, end - start), start, end)
+        # The sidecar's own faults fall in the first third: its last life then spans
+        # the rest, long enough for a resource slope to mean something (a life of a
+        # few minutes is mostly warm-up: connection pools, the allocator's high water).
+        stop = start + (end - start) * SIDECAR_SHARE if part == "sidecar" else end
+        kinds = _kinds_for(rng, part, stop - start)
+        faults += _place(rng, part, kinds, start, stop)
     faults.sort(key=lambda f: (f.at, f.part))
     return Schedule(seed, minutes, tuple(faults), tuple(_changes(rng, minutes * 60 - 20)))
 
