@@ -21,9 +21,10 @@ import grpc
 
 from benchmarks import _common as c
 from benchmarks import _driver
-from kubelet_dra import manager, models, registration, settings
+from kubelet_dra import manager, models, settings
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as pb
 from kubelet_dra._proto.dra_health.v1 import api_pb2_grpc as pb_grpc
+from kubelet_dra.plugin import registration
 
 NAME = "ingest"
 FINAL = 2

@@ -8,7 +8,7 @@ device is new or its health, message or health-check timeout changed (or a
 timed-out device was dropped); a report that only renews a device's
 ``lastUpdated`` is kept in memory and not written. That baseline is
 implemented here (:class:`KubeletFile`) and run beside
-:class:`kubelet_dra.store.HealthStore` on the same sequence of reports (one
+:class:`kubelet_dra.state.store.HealthStore` on the same sequence of reports (one
 device each, its health drawn at random, so about half change nothing a reader
 sees) at 1,000, 10,000 and 100,000 devices. Our store stages every report (its
 lease renewal included) and commits once per flush interval (0.2 s, the
@@ -30,7 +30,8 @@ import random
 import time
 
 from benchmarks import _common as c
-from kubelet_dra import models, store
+from kubelet_dra import models
+from kubelet_dra.state import store
 
 NAME = "persistence"
 FLUSH_INTERVAL = 0.2

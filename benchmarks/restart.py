@@ -1,7 +1,7 @@
 """Scenario 5, restart: from exec to ``/readyz`` ready and to the first correct PATCH.
 
 A state file with 10,000 or 100,000 devices (every third Unhealthy, leases an
-hour long) is written with :class:`kubelet_dra.store.HealthStore`; each run
+hour long) is written with :class:`kubelet_dra.state.store.HealthStore`; each run
 copies it into a fresh state directory and execs ``python -m kubelet_dra run``
 against a fresh API stand-in holding 110 pods with 8 of those devices each and
 no driver: what the pods must show comes from the file alone. Timed on the
@@ -22,7 +22,8 @@ import time
 
 from benchmarks import _common as c
 from benchmarks import _driver
-from kubelet_dra import models, store
+from kubelet_dra import models
+from kubelet_dra.state import store
 
 NAME = "restart"
 PODS, PER_POD, PATTERN = 110, 8, 1

@@ -29,8 +29,10 @@ import tempfile
 import time
 from typing import Any
 
-from kubelet_dra import healthinfo, models, store, streams
+from kubelet_dra import models
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as pb
+from kubelet_dra.plugin import streams
+from kubelet_dra.state import healthinfo, store
 
 CHUNK = 100
 SWEEPS = 6

@@ -17,7 +17,7 @@ with what each name is for):
   ``FakeApiServer``, ``make_pod``, ``make_claim``).
 
 Every module is an implementation detail, including the ones without a
-leading underscore (``kubelet_dra.podstatus``, ``kubelet_dra.plugins``, ...):
+leading underscore (``kubelet_dra.status.podstatus``, ``kubelet_dra.plugin.plugins``, ...):
 they may change between releases; import from the two namespaces above. The
 command line (``kubelet-dra-health``, ``python -m kubelet_dra``) is public
 through its flags, environment variables and exit codes, not its modules.
@@ -34,7 +34,6 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from kubelet_dra.agentpods import PodHealthUpdate
-    from kubelet_dra.claims import ClaimIndex, ClaimKey, Delta, PreparedDevice
     from kubelet_dra.clock import Clock, FakeClock, SystemClock
     from kubelet_dra.errors import (
         ApiError,
@@ -45,14 +44,11 @@ if TYPE_CHECKING:
         ReportError,
         StoreError,
     )
-    from kubelet_dra.healthinfo import HealthCache, truncate_message
     from kubelet_dra.kube import NodePods, StatusWriter
     from kubelet_dra.manager import DRAHealthManager
     from kubelet_dra.models import DeviceHealth, DeviceKey, DeviceReport, HealthStatus
-    from kubelet_dra.plugins import PluginManager
-    from kubelet_dra.podstatus import Desired, DeviceState
-    from kubelet_dra.podstatus import merge as merge_pod_status
-    from kubelet_dra.registration import (
+    from kubelet_dra.plugin.plugins import PluginManager
+    from kubelet_dra.plugin.registration import (
         EventKind,
         PluginEvent,
         PluginInfo,
@@ -61,39 +57,43 @@ if TYPE_CHECKING:
     )
     from kubelet_dra.settings import ContainerStatusMode, Role, Settings
     from kubelet_dra.sidecar import Sidecar
-    from kubelet_dra.store import HealthStore
+    from kubelet_dra.state.healthinfo import HealthCache, truncate_message
+    from kubelet_dra.state.store import HealthStore
+    from kubelet_dra.status.claims import ClaimIndex, ClaimKey, Delta, PreparedDevice
+    from kubelet_dra.status.podstatus import Desired, DeviceState
+    from kubelet_dra.status.podstatus import merge as merge_pod_status
     from kubelet_dra.syncrunner import SyncRunner
 
 # name -> (module, attribute): the re-exports, imported on first use.
 _LAZY: dict[str, tuple[str, str]] = {
     "ApiError": ("kubelet_dra.errors", "ApiError"),
-    "ClaimIndex": ("kubelet_dra.claims", "ClaimIndex"),
-    "ClaimKey": ("kubelet_dra.claims", "ClaimKey"),
+    "ClaimIndex": ("kubelet_dra.status.claims", "ClaimIndex"),
+    "ClaimKey": ("kubelet_dra.status.claims", "ClaimKey"),
     "Clock": ("kubelet_dra.clock", "Clock"),
     "ConfigError": ("kubelet_dra.errors", "ConfigError"),
     "ContainerStatusMode": ("kubelet_dra.settings", "ContainerStatusMode"),
     "DRAHealthManager": ("kubelet_dra.manager", "DRAHealthManager"),
-    "Delta": ("kubelet_dra.claims", "Delta"),
-    "Desired": ("kubelet_dra.podstatus", "Desired"),
+    "Delta": ("kubelet_dra.status.claims", "Delta"),
+    "Desired": ("kubelet_dra.status.podstatus", "Desired"),
     "DeviceHealth": ("kubelet_dra.models", "DeviceHealth"),
     "DeviceKey": ("kubelet_dra.models", "DeviceKey"),
     "DeviceReport": ("kubelet_dra.models", "DeviceReport"),
-    "DeviceState": ("kubelet_dra.podstatus", "DeviceState"),
-    "EventKind": ("kubelet_dra.registration", "EventKind"),
+    "DeviceState": ("kubelet_dra.status.podstatus", "DeviceState"),
+    "EventKind": ("kubelet_dra.plugin.registration", "EventKind"),
     "FakeClock": ("kubelet_dra.clock", "FakeClock"),
-    "HealthCache": ("kubelet_dra.healthinfo", "HealthCache"),
+    "HealthCache": ("kubelet_dra.state.healthinfo", "HealthCache"),
     "HealthStatus": ("kubelet_dra.models", "HealthStatus"),
-    "HealthStore": ("kubelet_dra.store", "HealthStore"),
+    "HealthStore": ("kubelet_dra.state.store", "HealthStore"),
     "KubeletDraError": ("kubelet_dra.errors", "KubeletDraError"),
     "NodePods": ("kubelet_dra.kube", "NodePods"),
-    "PluginEvent": ("kubelet_dra.registration", "PluginEvent"),
-    "PluginInfo": ("kubelet_dra.registration", "PluginInfo"),
-    "PluginManager": ("kubelet_dra.plugins", "PluginManager"),
+    "PluginEvent": ("kubelet_dra.plugin.registration", "PluginEvent"),
+    "PluginInfo": ("kubelet_dra.plugin.registration", "PluginInfo"),
+    "PluginManager": ("kubelet_dra.plugin.plugins", "PluginManager"),
     "PodGone": ("kubelet_dra.errors", "PodGone"),
     "PodHealthUpdate": ("kubelet_dra.agentpods", "PodHealthUpdate"),
-    "PreparedDevice": ("kubelet_dra.claims", "PreparedDevice"),
+    "PreparedDevice": ("kubelet_dra.status.claims", "PreparedDevice"),
     "RegistrationError": ("kubelet_dra.errors", "RegistrationError"),
-    "RegistryWatcher": ("kubelet_dra.registration", "RegistryWatcher"),
+    "RegistryWatcher": ("kubelet_dra.plugin.registration", "RegistryWatcher"),
     "ReportError": ("kubelet_dra.errors", "ReportError"),
     "Role": ("kubelet_dra.settings", "Role"),
     "Settings": ("kubelet_dra.settings", "Settings"),
@@ -102,9 +102,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     "StoreError": ("kubelet_dra.errors", "StoreError"),
     "SyncRunner": ("kubelet_dra.syncrunner", "SyncRunner"),
     "SystemClock": ("kubelet_dra.clock", "SystemClock"),
-    "make_plugin_info": ("kubelet_dra.registration", "make_plugin_info"),
-    "merge_pod_status": ("kubelet_dra.podstatus", "merge"),
-    "truncate_message": ("kubelet_dra.healthinfo", "truncate_message"),
+    "make_plugin_info": ("kubelet_dra.plugin.registration", "make_plugin_info"),
+    "merge_pod_status": ("kubelet_dra.status.podstatus", "merge"),
+    "truncate_message": ("kubelet_dra.state.healthinfo", "truncate_message"),
 }
 
 __all__ = [

@@ -19,9 +19,10 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from kubelet_dra import claims, models, podstatus
 from kubelet_dra import clock as clock_mod
+from kubelet_dra import models
 from kubelet_dra import settings as settings_mod
+from kubelet_dra.status import claims, podstatus
 
 logger = logging.getLogger(__name__)
 

@@ -36,23 +36,12 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import (
-    agentpods,
-    claims,
-    errors,
-    healthinfo,
-    kube,
-    kubeletcheckpoint,
-    metrics,
-    models,
-    plugins,
-    podstatus,
-    registration,
-    store,
-    taintbridge,
-)
+from kubelet_dra import agentpods, errors, kube, metrics, models, taintbridge
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
+from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.state import healthinfo, kubeletcheckpoint, store
+from kubelet_dra.status import claims, podstatus
 
 logger = logging.getLogger(__name__)
 

@@ -33,10 +33,11 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubelet_dra import _taint_state, claims, errors, kube, metrics, models, taints
+from kubelet_dra import _taint_state, errors, kube, metrics, models, taints
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.kube import taintrules
+from kubelet_dra.status import claims
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from kubelet_dra import claims, errors, healthinfo, kubeletcheckpoint, models, store
+from kubelet_dra import errors, models
+from kubelet_dra.state import healthinfo, kubeletcheckpoint, store
+from kubelet_dra.status import claims
 
 Row = tuple[models.DeviceKey, models.DeviceHealth]
 Ids = dict[models.DeviceKey, tuple[str, str]]  # (kubelet's, our) resourceID

@@ -26,7 +26,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from kubelet_dra import manager, podstatus, settings
+from kubelet_dra import manager, settings
+from kubelet_dra.status import podstatus
 from kubelet_dra.testing import fakeapi, fakedriver
 
 DRIVER = "gpu.example.com"

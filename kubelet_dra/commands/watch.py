@@ -23,7 +23,9 @@ from typing import Any, TextIO
 
 import grpc
 
-from kubelet_dra import clock, errors, healthinfo, registration, settings, streams
+from kubelet_dra import clock, errors, settings
+from kubelet_dra.plugin import registration, streams
+from kubelet_dra.state import healthinfo
 
 _ENUM_NAMES = {0: "Unknown", 1: "Healthy", 2: "Unhealthy"}
 _MESSAGE_COLUMN = 60

@@ -23,9 +23,10 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from kubelet_dra import clock as clock_mod
-from kubelet_dra import models, podjson, podstatus
+from kubelet_dra import models
 from kubelet_dra.kube import api as kube_api
-from kubelet_dra.podjson import Obj
+from kubelet_dra.status import podjson, podstatus
+from kubelet_dra.status.podjson import Obj
 
 logger = logging.getLogger(__name__)
 

@@ -28,11 +28,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from kubelet_dra import claims, podjson, podstatus, settings
+from kubelet_dra import settings
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import events as kube_events
 from kubelet_dra.kube import patchplan, podstate
-from kubelet_dra.podjson import Obj
+from kubelet_dra.status import claims, podjson, podstatus
+from kubelet_dra.status.podjson import Obj
 
 logger = logging.getLogger(__name__)
 

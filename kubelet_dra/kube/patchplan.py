@@ -29,8 +29,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kubelet_dra import claims, jsonpointer, podjson, podstatus
-from kubelet_dra.podjson import Obj
+from kubelet_dra.status import claims, jsonpointer, podjson, podstatus
+from kubelet_dra.status.podjson import Obj
 
 ARS = "allocatedResourcesStatus"
 FIELDS = (claims.CONTAINERS, claims.INIT_CONTAINERS)

@@ -21,12 +21,13 @@ import random
 import threading
 from typing import Any
 
-from kubelet_dra import claims, errors, podjson
 from kubelet_dra import clock as clock_mod
+from kubelet_dra import errors
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import calls
 from kubelet_dra.kube import writer as kube_writer
-from kubelet_dra.podjson import Obj
+from kubelet_dra.status import claims, podjson
+from kubelet_dra.status.podjson import Obj
 
 logger = logging.getLogger(__name__)
 

@@ -30,8 +30,9 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from kubelet_dra import claims, models, podjson, podstatus
-from kubelet_dra.podjson import Obj
+from kubelet_dra import models
+from kubelet_dra.status import claims, podjson, podstatus
+from kubelet_dra.status.podjson import Obj
 
 FAILED_RETRY_MAX = 30.0
 """Longest wait before retrying a pod whose write failed transiently, seconds."""

@@ -73,12 +73,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubelet_dra import claims, errors, models, podjson, podstatus, settings
 from kubelet_dra import clock as clock_mod
+from kubelet_dra import errors, models, settings
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import calls, gates, patchplan, podstate
 from kubelet_dra.kube import events as kube_events
-from kubelet_dra.podjson import Obj
+from kubelet_dra.status import claims, podjson, podstatus
+from kubelet_dra.status.podjson import Obj
 
 logger = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from kubelet_dra.claims import ClaimKey
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import taintrules
+from kubelet_dra.status.claims import ClaimKey
 
 logger = logging.getLogger(__name__)
 

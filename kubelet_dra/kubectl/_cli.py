@@ -22,11 +22,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from kubelet_dra import __version__
-from kubelet_dra import claims as claims_mod
 from kubelet_dra.kube.events import DEVICE_HEALTH_UNKNOWN, DEVICE_HEALTHY, DEVICE_UNHEALTHY
 from kubelet_dra.kubectl import _model as model
 from kubelet_dra.kubectl import _render as render
 from kubelet_dra.kubectl._api import ClaimFetcher, Reader, ToolError
+from kubelet_dra.status import claims as claims_mod
 
 PROG = "kubectl dra-health"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_ON = 0, 1, 2, 3

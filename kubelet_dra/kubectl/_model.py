@@ -37,8 +37,8 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import claims as claims_mod
-from kubelet_dra import podstatus
+from kubelet_dra.status import claims as claims_mod
+from kubelet_dra.status import podstatus
 
 API_VERSION = "kubelet-dra.io/v1alpha1"
 HEALTHY, UNHEALTHY, UNKNOWN = "Healthy", "Unhealthy", "Unknown"

@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from kubelet_dra import claims as claims_mod
-from kubelet_dra import podstatus
 from kubelet_dra.kubectl import _model as model
+from kubelet_dra.status import claims as claims_mod
+from kubelet_dra.status import podstatus
 
 NONE = "<none>"
 MESSAGE_WIDTH = 60

@@ -28,9 +28,11 @@ import pathlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import claims, errors, models, podstatus, registration
+from kubelet_dra import errors, models
 from kubelet_dra import manager as manager_mod
 from kubelet_dra import settings as settings_mod
+from kubelet_dra.plugin import registration
+from kubelet_dra.status import claims, podstatus
 from tests.conformance import _drivers
 
 Obj = Mapping[str, Any]

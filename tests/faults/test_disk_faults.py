@@ -25,7 +25,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kubelet_dra import manager, metrics, store
+from kubelet_dra import manager, metrics
+from kubelet_dra.state import store
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 
 from . import _faults as fx

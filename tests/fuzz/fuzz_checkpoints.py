@@ -1,6 +1,6 @@
 """Fuzz target: the readers of the kubelet's two checkpoint files.
 
-- ``dra_manager_state`` (``kubelet_dra.kubeletcheckpoint.parse``, mirroring
+- ``dra_manager_state`` (``kubelet_dra.state.kubeletcheckpoint.parse``, mirroring
   ``pkg/kubelet/cm/dra/state/checkpoint.go``): a refused file raises
   ``CheckpointError`` with one of ``REASONS`` and nothing else; a file read
   is written again as the kubelet writes it (Go's JSON, crc32 of Data) and
@@ -28,8 +28,9 @@ from typing import Any
 from tests.fuzz import _harness
 
 with _harness.instrumented(__name__ == "__main__"):
-    from kubelet_dra import errors, kubeletcheckpoint, models
+    from kubelet_dra import errors, models
     from kubelet_dra.commands import cache
+    from kubelet_dra.state import kubeletcheckpoint
 
 _TMP = pathlib.Path(tempfile.mkdtemp(prefix="fuzz-checkpoints-"))
 atexit.register(shutil.rmtree, _TMP, True)

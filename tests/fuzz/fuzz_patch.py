@@ -1,4 +1,4 @@
-"""Fuzz target: the FakeApiServer's patch engines (``kubelet_dra.testing._fakeapi_patch``).
+"""Fuzz target: the FakeApiServer's patch engines (``kubelet_dra.testing.fakeapi._patch``).
 
 They stand in for the kube-apiserver's patch handler
 (``apiserver/pkg/endpoints/handlers/patch.go``: evanphx/json-patch for
@@ -25,7 +25,7 @@ from typing import Any
 from tests.fuzz import _harness
 
 with _harness.instrumented(__name__ == "__main__"):
-    from kubelet_dra.testing import _fakeapi_patch as patching
+    from kubelet_dra.testing.fakeapi import _patch as patching
 
 _ENGINES = (patching.merge_patch, patching.json_patch, patching.strategic_merge_patch)
 

@@ -2,7 +2,7 @@
 
 Mirrors the kubelet's ``validateDriverName`` and ``validateEndpoint``
 (``pkg/kubelet/cm/dra/plugin/registration.go``, v1.38) as
-``kubelet_dra.registration`` implements them, checked against a second,
+``kubelet_dra.plugin.registration`` implements them, checked against a second,
 independent statement of the same rules:
 
 - a driver name is accepted iff it is 1 to 63 bytes and, lower-cased as Go
@@ -29,8 +29,9 @@ from tests.fuzz import _harness
 with _harness.instrumented(__name__ == "__main__"):
     from google.protobuf import message
 
-    from kubelet_dra import errors, registration
+    from kubelet_dra import errors
     from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+    from kubelet_dra.plugin import registration
 
 _REASONS = {"driver_name", "endpoint", "plugin_type", "supported_versions"}
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?")

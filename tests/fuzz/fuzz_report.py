@@ -2,7 +2,7 @@
 
 Mirrors ``buildDeviceHealth`` (``pkg/kubelet/cm/dra/manager.go``) and
 ``updateHealthInfo`` (``pkg/kubelet/cm/dra/healthinfo.go``) as
-``kubelet_dra.streams.convert`` and ``kubelet_dra.healthinfo.HealthCache``
+``kubelet_dra.plugin.streams.convert`` and ``kubelet_dra.state.healthinfo.HealthCache``
 implement them. Properties:
 
 - the same bytes read as a v1 and a v1alpha1 ``NodeWatchResourcesResponse``
@@ -31,9 +31,11 @@ from tests.fuzz import _harness
 with _harness.instrumented(__name__ == "__main__"):
     from google.protobuf import message
 
-    from kubelet_dra import healthinfo, models, store, streams
+    from kubelet_dra import models
     from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1_pb2
     from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
+    from kubelet_dra.plugin import streams
+    from kubelet_dra.state import healthinfo, store
 
 DRIVER = "gpu.example.com"
 NOW = 1_000_000.0

@@ -1,4 +1,4 @@
-"""Fuzz target: loading our state file (``kubelet_dra.store.HealthStore``).
+"""Fuzz target: loading our state file (``kubelet_dra.state.store.HealthStore``).
 
 Counterpart of the kubelet's ``dra_health_state`` loader
 (``pkg/kubelet/cm/dra/healthinfo.go`` ``loadFromCheckpoint``). Two inputs:
@@ -28,7 +28,8 @@ import tempfile
 from tests.fuzz import _harness
 
 with _harness.instrumented(__name__ == "__main__"):
-    from kubelet_dra import errors, models, store
+    from kubelet_dra import errors, models
+    from kubelet_dra.state import store
 
 # On tmpfs where there is one: the property is about what is read back, and a
 # disk's fsync per input would make this target a hundred times slower.

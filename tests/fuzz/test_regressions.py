@@ -13,8 +13,9 @@ import threading
 
 import pytest
 
-from kubelet_dra import errors, models, store
+from kubelet_dra import errors, models
 from kubelet_dra.commands import cache
+from kubelet_dra.state import store
 
 RECORD = {
     "v": 1,
@@ -129,7 +130,7 @@ def test_a_json_patch_that_removes_the_root_is_a_422(op: str) -> None:
     # fuzz_patch: {"op": "move", "from": ""} (and "remove" of "") took the
     # last token of an empty pointer: IndexError, a 500 from the fake API
     # server. evanphx/json-patch finds no parent for the root: 422.
-    from kubelet_dra.testing import _fakeapi_patch as patching
+    from kubelet_dra.testing.fakeapi import _patch as patching
 
     operation = {"op": op, "from": "", "path": "/a"} if op == "move" else {"op": op, "path": ""}
     with pytest.raises(patching.PatchError) as refused:
@@ -142,7 +143,7 @@ def test_a_strategic_merge_of_a_primitive_list_shares_nothing_with_its_inputs() 
     # list(original) + the patch's new items, so the stored object kept the
     # patch's and the old object's items themselves: a later change of one
     # changed the other.
-    from kubelet_dra.testing import _fakeapi_patch as patching
+    from kubelet_dra.testing.fakeapi import _patch as patching
 
     old = {"metadata": {"finalizers": [{"a": 1}]}}
     patch = {"metadata": {"finalizers": [{"b": 2}]}}

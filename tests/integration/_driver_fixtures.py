@@ -8,7 +8,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from kubelet_dra import models, plugins, registration, settings
+from kubelet_dra import models, settings
+from kubelet_dra.plugin import plugins, registration
 from kubelet_dra.testing import FakeApiServer
 
 NODE = "node-1"

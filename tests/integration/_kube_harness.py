@@ -12,7 +12,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kubelet_dra import claims, clock, healthinfo, kube, models, settings
+from kubelet_dra import clock, kube, models, settings
+from kubelet_dra.state import healthinfo
+from kubelet_dra.status import claims
 from kubelet_dra.testing import eventually, fakeapi
 
 from ._driver_fixtures import NODE, WRITER, make_settings

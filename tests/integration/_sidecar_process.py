@@ -22,7 +22,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from kubelet_dra import podstatus, settings
+from kubelet_dra import settings
+from kubelet_dra.status import podstatus
 from kubelet_dra.testing import FakeApiServer, eventually, make_claim, make_pod
 from kubelet_dra.testing._eventually import describe
 

@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from kubelet_dra import clock, healthinfo, plugins
+from kubelet_dra import clock
+from kubelet_dra.plugin import plugins
+from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import FakeApiServer
 
 from ._driver_fixtures import Changes, NoJitter, make_settings

@@ -19,7 +19,9 @@ import sys
 
 import pytest
 
-from kubelet_dra import clock, healthinfo, plugins, registration
+from kubelet_dra import clock
+from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import eventually
 
 from ._driver_fixtures import Changes, make_settings, rss_mb

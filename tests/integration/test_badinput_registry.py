@@ -23,7 +23,9 @@ import time
 
 import pytest
 
-from kubelet_dra import clock, healthinfo, plugins, registration
+from kubelet_dra import clock
+from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import eventually, fakedriver
 
 from ._driver_fixtures import Changes, make_settings

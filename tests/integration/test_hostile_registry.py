@@ -24,7 +24,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from kubelet_dra import clock, healthinfo, metrics, plugins, registration
+from kubelet_dra import clock, metrics
+from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import eventually, fakedriver
 
 from ._driver_fixtures import Changes, make_settings
@@ -107,7 +109,7 @@ def _exported(watcher: registration.RegistryWatcher, family: str, reason: str) -
 async def test_a_socket_that_accepts_and_never_answers_getinfo_is_retried_and_counted(
     registry: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "kubelet_dra.registration")
+    caplog.set_level(logging.WARNING, "kubelet_dra.plugin.registration")
     silent = registry / "silent.sock"
     with silent_server(silent) as accepted:
         async with (
@@ -129,7 +131,7 @@ async def test_a_socket_that_accepts_and_never_answers_getinfo_is_retried_and_co
 async def test_ten_thousand_junk_files_and_a_symlink_loop_are_passed_over(
     registry: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "kubelet_dra.registration")
+    caplog.set_level(logging.INFO, "kubelet_dra.plugin.registration")
     junk = registry / "junk"
     junk.mkdir()
     for i in range(10_000):
@@ -160,7 +162,7 @@ async def test_ten_thousand_junk_files_and_a_symlink_loop_are_passed_over(
 async def test_a_registration_socket_symlinked_from_outside_is_never_dialled(
     sockdir: pathlib.Path, registry: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "kubelet_dra.registration")
+    caplog.set_level(logging.WARNING, "kubelet_dra.plugin.registration")
     outside = sockdir / "outside"
     outside.mkdir()
     async with (

@@ -19,7 +19,9 @@ import pathlib
 
 import pytest
 
-from kubelet_dra import clock, healthinfo, models, plugins, registration
+from kubelet_dra import clock, models
+from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import eventually, fakedriver
 
 from ._driver_fixtures import Changes, make_settings
@@ -40,7 +42,7 @@ async def test_a_trickling_stream_does_not_slow_the_others(
     caplog: pytest.LogCaptureFixture,
     seconds: float,
 ) -> None:
-    caplog.set_level(logging.WARNING, "kubelet_dra.streams")
+    caplog.set_level(logging.WARNING, "kubelet_dra.plugin.streams")
     proxy = sockdir / "slow.sock"
     settings = make_settings(registry_poll_interval=0.5)
     system = clock.SystemClock()

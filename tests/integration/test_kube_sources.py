@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import claims
+from kubelet_dra.status import claims
 from kubelet_dra.testing import eventually, fakeapi
 from tests.integration import _kube_harness as h
 

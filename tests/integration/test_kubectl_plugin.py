@@ -22,9 +22,9 @@ import kubernetes.client
 import pytest
 import yaml
 
-from kubelet_dra import claims
 from kubelet_dra.kubectl import _api, _cli, main
 from kubelet_dra.kubectl import _config as config
+from kubelet_dra.status import claims
 from kubelet_dra.testing import FakeApiServer, make_claim, make_pod
 from kubelet_dra.testing.fakeapi import Container, PodClaim
 

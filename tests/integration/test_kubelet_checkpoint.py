@@ -12,7 +12,9 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from kubelet_dra import kubeletcheckpoint, manager, podstatus
+from kubelet_dra import manager
+from kubelet_dra.state import kubeletcheckpoint
+from kubelet_dra.status import podstatus
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 from tests.unit import _kubelet_checkpoint_files as files
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pathlib
 import time
 
-from kubelet_dra import manager, models, store
+from kubelet_dra import manager, models
+from kubelet_dra.state import store
 from kubelet_dra.testing import FakeDriver, eventually
 
 from ._driver_fixtures import make_settings

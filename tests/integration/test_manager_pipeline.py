@@ -11,7 +11,8 @@ import pathlib
 import time
 from typing import Any
 
-from kubelet_dra import manager, models, podstatus, settings
+from kubelet_dra import manager, models, settings
+from kubelet_dra.status import podstatus
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually, make_pod
 
 from ._driver_fixtures import PIPELINE, make_settings
@@ -58,7 +59,7 @@ async def test_health_reaches_pod_status_condition_and_state_file(
     # The pod on another node is never written.
     assert not api.status_writes("default", "elsewhere")
     # The state file kept the last report, and shutdown did not mark it Unknown.
-    from kubelet_dra import store
+    from kubelet_dra.state import store
 
     db = store.HealthStore.open(cfg.state_dir)
     records = dict(db.load())
@@ -122,7 +123,7 @@ async def test_driver_restart_within_the_lease_writes_no_pod(
 
 
 async def test_node_agent_callback_receives_desired_status(sockdir: pathlib.Path) -> None:
-    from kubelet_dra import claims
+    from kubelet_dra.status import claims
 
     updates: list[manager.PodHealthUpdate] = []
     cfg = make_settings(tuning=PIPELINE, sockdir=sockdir, node_name=NODE)

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from prometheus_client import parser
 
-from kubelet_dra import healthinfo, settings
+from kubelet_dra import settings
 from kubelet_dra.sidecar import Sidecar
+from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 
 from ._kubelet_status import KubeletStatusManager

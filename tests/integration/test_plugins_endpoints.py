@@ -16,7 +16,9 @@ import pathlib
 
 import pytest
 
-from kubelet_dra import clock, healthinfo, models, plugins, registration
+from kubelet_dra import clock, models
+from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import eventually, fakedriver
 
 from ._driver_fixtures import Changes, deregister, device, register

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import clock, registration, settings
+from kubelet_dra import clock, settings
+from kubelet_dra.plugin import registration
 from kubelet_dra.testing import eventually, fakedriver
 
 from ._driver_fixtures import Events, make_settings

@@ -24,7 +24,9 @@ import stat
 import sys
 import time
 
-from kubelet_dra import clock, healthinfo, models, plugins, registration
+from kubelet_dra import clock, models
+from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 from kubelet_dra.testing.fakedriver_control import FakeDriverClient
 

@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from kubelet_dra import models, store
+from kubelet_dra import models
+from kubelet_dra.state import store
 from kubelet_dra.testing import FakeApiServer, FakeDriver
 from kubelet_dra.testing.fakedriver_control import FakeDriverClient
 from tests.unit import _rbac

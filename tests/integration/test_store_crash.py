@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from kubelet_dra import store
+from kubelet_dra.state import store
 
 ROUNDS = int(os.environ.get("KUBELET_DRA_CRASH_ROUNDS", "50"))
 DEVICES = 200
@@ -30,7 +30,8 @@ WINDOW = 60
 
 CHILD = r"""
 import sys
-from kubelet_dra import healthinfo, models, store
+from kubelet_dra.state import healthinfo, store
+from kubelet_dra import models
 
 HEALTHY = models.HealthStatus.HEALTHY
 state, start = sys.argv[1], int(sys.argv[2])

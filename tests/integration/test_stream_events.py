@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import clock, healthinfo, models, plugins, streams
+from kubelet_dra import clock, models
+from kubelet_dra.plugin import plugins, streams
+from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import eventually, fakedriver
 
 from ._driver_fixtures import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kubelet_dra import podstatus
+from kubelet_dra.status import podstatus
 from kubelet_dra.testing import eventually
 from tests.integration import _kube_harness as h
 

@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import claims, clock, healthinfo, kube, models, settings
+from kubelet_dra import clock, kube, models, settings
 from kubelet_dra.kube import gates, podstate
+from kubelet_dra.state import healthinfo
+from kubelet_dra.status import claims
 from kubelet_dra.testing import eventually, fakeapi
 from tests.integration import _kube_harness as h
 

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import claims, clock, healthinfo, kube, models, podstatus
+from kubelet_dra import clock, kube, models
+from kubelet_dra.state import healthinfo
+from kubelet_dra.status import claims, podstatus
 from kubelet_dra.testing import eventually, fakeapi
 from tests.integration import _kube_harness as h
 from tests.integration._driver_fixtures import WRITER, make_settings

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubelet_dra import claims, models
+from kubelet_dra import models
+from kubelet_dra.status import claims
 from kubelet_dra.testing import eventually, fakeapi
 from tests.integration import _kube_harness as h
 

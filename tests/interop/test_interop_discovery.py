@@ -26,10 +26,12 @@ import grpc
 import pytest
 
 from kubelet_dra import clock as clock_mod
-from kubelet_dra import healthinfo, models, plugins, registration
+from kubelet_dra import models
 from kubelet_dra import settings as settings_mod
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import FakeDriver, eventually
 from tests.integration._driver_fixtures import PIPELINE, make_settings
 

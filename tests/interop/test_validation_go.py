@@ -18,7 +18,8 @@ import subprocess
 
 import pytest
 
-from kubelet_dra import errors, registration
+from kubelet_dra import errors
+from kubelet_dra.plugin import registration
 
 from . import _build
 

@@ -27,14 +27,14 @@ import sys
 from collections.abc import Iterable
 
 MODULES = {
-    "podstatus": "kubelet_dra/podstatus.py",
-    "healthinfo": "kubelet_dra/healthinfo.py",
-    "claims": "kubelet_dra/claims.py",
+    "podstatus": "kubelet_dra/status/podstatus.py",
+    "healthinfo": "kubelet_dra/state/healthinfo.py",
+    "claims": "kubelet_dra/status/claims.py",
     "kube/patchplan": "kubelet_dra/kube/patchplan.py",
     "kube/podstate": "kubelet_dra/kube/podstate.py",
     "taints": "kubelet_dra/taints.py",
-    "registration": "kubelet_dra/registration.py",
-    "store": "kubelet_dra/store.py",
+    "registration": "kubelet_dra/plugin/registration.py",
+    "store": "kubelet_dra/state/store.py",
 }
 
 # Functions in scope per module, as mutmut names them (``x_<name>`` for a function,
@@ -71,74 +71,80 @@ _SHORTER = (
 )
 _SQL_CASE = "SQLite's keywords, identifiers and function names are case-insensitive"
 EQUIVALENT: dict[str, str] = {
-    "kubelet_dra.registration.x__go_lower__mutmut_6": (
+    "kubelet_dra.plugin.registration.x__go_lower__mutmut_6": (
         "lower-cases non-ASCII characters too: of all non-ASCII characters only the "
         "Kelvin sign lower-cases to ASCII, and it is in _GO_LOWER_TO_ASCII; every other "
         "stays non-ASCII and fails the subdomain pattern either way"
     ),
-    "kubelet_dra.registration.x_validate_driver_name__mutmut_22": (
+    "kubelet_dra.plugin.registration.x_validate_driver_name__mutmut_22": (
         "`> 253` to `>= 253`: unreachable, a name that got past the 63-byte check has at "
         "most 63 characters, and _go_lower maps one character to one"
     ),
-    "kubelet_dra.registration.x_validate_endpoint__mutmut_28": _CODEC,
-    "kubelet_dra.registration.x__printable__mutmut_7": _CODEC,
-    "kubelet_dra.registration.x__printable__mutmut_11": _CODEC,
-    "kubelet_dra.registration.x_validate_endpoint__mutmut_42": (
+    "kubelet_dra.plugin.registration.x_validate_endpoint__mutmut_28": _CODEC,
+    "kubelet_dra.plugin.registration.x__printable__mutmut_7": _CODEC,
+    "kubelet_dra.plugin.registration.x__printable__mutmut_11": _CODEC,
+    "kubelet_dra.plugin.registration.x_validate_endpoint__mutmut_42": (
         "'unix:' to 'UNIX:': Go lower-cases the scheme, and the port keeps only whether "
         "there is one"
     ),
-    "kubelet_dra.registration.x_validate_endpoint__mutmut_47": _SHORTER,
-    "kubelet_dra.registration.x_validate_endpoint__mutmut_48": _SHORTER,
-    "kubelet_dra.store.x__upsert__mutmut_7": _SQL_CASE,
-    "kubelet_dra.store.x__upsert__mutmut_9": _SQL_CASE,
-    "kubelet_dra.store.x__upsert__mutmut_10": _SQL_CASE,
-    "kubelet_dra.store.x__value_text__mutmut_24": (
+    "kubelet_dra.plugin.registration.x_validate_endpoint__mutmut_47": _SHORTER,
+    "kubelet_dra.plugin.registration.x_validate_endpoint__mutmut_48": _SHORTER,
+    "kubelet_dra.state.store.x__upsert__mutmut_7": _SQL_CASE,
+    "kubelet_dra.state.store.x__upsert__mutmut_9": _SQL_CASE,
+    "kubelet_dra.state.store.x__upsert__mutmut_10": _SQL_CASE,
+    "kubelet_dra.state.store.x__value_text__mutmut_24": (
         "ensure_ascii=False to None: json.dumps only tests its truth, and None is false"
     ),
-    "kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_18": (
+    "kubelet_dra.state.store.xǁHealthStoreǁ_load_chunks__mutmut_18": (
         "`row[0] or ''` to `or 'XXXX'`: row[0] is NULL only for a chunk whose values are "
         "all NULL; both texts fail validation alike, and load() reads row by row"
     ),
     **dict.fromkeys(
-        (f"kubelet_dra.healthinfo.xǁHealthCacheǁload__mutmut_{n}" for n in (11, 12, 15)),
+        (f"kubelet_dra.state.healthinfo.xǁHealthCacheǁload__mutmut_{n}" for n in (11, 12, 15)),
         "the check for a key already scheduled (dropped, or `<` made `<=`): the store yields "
         "each key once and load() runs once, on an empty cache; loaded twice, the heap keeps "
         "either the exact deadline or an earlier one, both what next_deadline() promises",
     ),
     **dict.fromkeys(
-        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_delete_where__mutmut_{n}" for n in (19, 20)),
+        (f"kubelet_dra.state.healthinfo.xǁHealthCacheǁ_delete_where__mutmut_{n}" for n in (19, 20)),
         "a deleted device left in its driver's overdue set: the set is consumed whole at "
         "the driver's next report, where the device is absent or re-created by that very "
         "report, which carries it, so it is skipped either way",
     ),
-    "kubelet_dra.healthinfo.xǁHealthCacheǁ_delete_where__mutmut_24": (
+    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_delete_where__mutmut_24": (
         "a deleted device's persist time kept: memory only; reported again it is new, "
         "persisted at once, and the entry overwritten"
     ),
     **dict.fromkeys(
-        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_set__mutmut_{n}" for n in (3, 5)),
+        (f"kubelet_dra.state.healthinfo.xǁHealthCacheǁ_set__mutmut_{n}" for n in (3, 5)),
         "the default of setdefault: _set replaces an expired record, so its driver is there",
     ),
     **dict.fromkeys(
-        (f"kubelet_dra.healthinfo.x_truncate_message__mutmut_{n}" for n in (4, 9, 13)),
+        (f"kubelet_dra.state.healthinfo.x_truncate_message__mutmut_{n}" for n in (4, 9, 13)),
         _CODEC + " (and decode's default codec is UTF-8)",
     ),
     **dict.fromkeys(
-        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_schedule__mutmut_{n}" for n in (1, 2, 5)),
+        (f"kubelet_dra.state.healthinfo.xǁHealthCacheǁ_schedule__mutmut_{n}" for n in (1, 2, 5)),
         "its own check dropped or made `<=`: its one caller (_apply) calls it only when "
         "the device has no heap entry or the new deadline is earlier, so the check passes",
     ),
-    "kubelet_dra.healthinfo.xǁHealthCacheǁ_apply__mutmut_8": (
+    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_8": (
         "the persist times read without a sink too: without a sink nothing staged is "
         "handed over, so the persist decision they feed changes nothing"
     ),
     **dict.fromkeys(
-        (f"kubelet_dra.healthinfo.xǁHealthCacheǁ_apply__mutmut_{n}" for n in (69, 70, 73, 74)),
+        (
+            f"kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_{n}"
+            for n in (69, 70, 73, 74)
+        ),
         "its check before _schedule() dropped or widened: _schedule() makes the same check "
         "(an entry only for a first or an earlier deadline), so only a call is added",
     ),
     **dict.fromkeys(
-        (f"kubelet_dra.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}" for n in (21, 22, 23, 24)),
+        (
+            f"kubelet_dra.state.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}"
+            for n in (21, 22, 23, 24)
+        ),
         "the text of a ValueError that load() catches (it then reads row by row): "
         "it is never logged or shown",
     ),
@@ -155,7 +161,8 @@ def module_of(path: str) -> str:
 
 
 def dotted(module: str) -> str:
-    return "kubelet_dra." + module.replace("/", ".")
+    """The dotted name mutmut gives the module's mutants (from its file: the labels are short)."""
+    return MODULES[module].removesuffix(".py").replace("/", ".")
 
 
 def patterns(modules: Iterable[str]) -> list[str]:

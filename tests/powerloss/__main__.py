@@ -16,7 +16,7 @@ import pathlib
 import sys
 import tempfile
 
-from kubelet_dra import store
+from kubelet_dra.state import store
 from tests.powerloss import harness
 
 

@@ -13,7 +13,7 @@ the files a disk that drops every write not yet flushed would hold:
 - ``written`` (log-writes replayed up to the point, or a SIGKILL): every
   write made so far.
 
-Each image is opened with :meth:`kubelet_dra.store.HealthStore.open` as a
+Each image is opened with :meth:`kubelet_dra.state.store.HealthStore.open` as a
 restart would, and compared with the commits that had returned by then: the
 next sync is the latest the crash can come, so every commit marked before it
 had returned. The ``-shm`` file is left out (SQLite rebuilds it from the WAL
@@ -32,7 +32,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from kubelet_dra import store
+from kubelet_dra.state import store
 from tests.powerloss import workload
 
 SHIM_SOURCE = pathlib.Path(__file__).with_name("writelog.c")

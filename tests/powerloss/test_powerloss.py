@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from kubelet_dra import store
+from kubelet_dra.state import store
 from tests.powerloss import harness
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc for the shim")

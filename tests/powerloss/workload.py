@@ -16,7 +16,8 @@ import os
 import pathlib
 import sys
 
-from kubelet_dra import models, store
+from kubelet_dra import models
+from kubelet_dra.state import store
 
 T0 = 1_000_000.0
 LEASE = 30.0

@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from kubelet_dra import agentpods, claims, clock, healthinfo, models, settings
+from kubelet_dra import agentpods, clock, models, settings
+from kubelet_dra.state import healthinfo
+from kubelet_dra.status import claims
 from kubelet_dra.testing import make_pod
 
 DRIVER = "gpu.example.com"

@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubelet_dra import healthinfo, models, store
+from kubelet_dra import models
+from kubelet_dra.state import healthinfo, store
 
 H = models.HealthStatus
 SQLITE_HEADER = b"SQLite format 3\x00"

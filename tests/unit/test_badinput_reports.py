@@ -19,9 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubelet_dra import healthinfo, models, store, streams
+from kubelet_dra import models
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1
 from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1
+from kubelet_dra.plugin import streams
+from kubelet_dra.state import healthinfo, store
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 names = st.one_of(

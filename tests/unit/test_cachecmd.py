@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from kubelet_dra import cli, healthinfo, models, store
+from kubelet_dra import cli, models
+from kubelet_dra.state import healthinfo, store
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -175,7 +176,7 @@ def _store_with(tmp_path: pathlib.Path, driver: str, *devices: str) -> pathlib.P
 def test_the_kubelets_resource_id_is_shown_where_it_differs(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kubelet_dra import kubeletcheckpoint
+    from kubelet_dra.state import kubeletcheckpoint
     from tests.unit import _kubelet_checkpoint_files as files
 
     state = _store_with(tmp_path, files.TPU, "chip-0", "chip-9")
@@ -203,7 +204,7 @@ def test_the_kubelets_resource_id_is_shown_where_it_differs(
 def test_an_unusable_kubelet_checkpoint_is_a_warning(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kubelet_dra import kubeletcheckpoint
+    from kubelet_dra.state import kubeletcheckpoint
 
     state = _store_with(tmp_path, "drv", "d0")
     (tmp_path / kubeletcheckpoint.FILE_NAME).write_text('{"Data": "{}", "Checksum": 1}')

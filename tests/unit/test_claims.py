@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import claims, models
+from kubelet_dra import models
+from kubelet_dra.status import claims
 from tests.unit import _podstatus_builders as b
 
 DRV = "test-driver"

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubelet_dra import claims, models
+from kubelet_dra import models
+from kubelet_dra.status import claims
 from tests.unit import _podstatus_builders as b
 
 DRV = "test-driver"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubelet_dra import claims, models, podstatus
+from kubelet_dra import models
 from kubelet_dra.kube import events
+from kubelet_dra.status import claims, podstatus
 from tests.unit import _podstatus_builders as b
 
 H = models.HealthStatus

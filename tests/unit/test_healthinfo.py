@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from kubelet_dra import healthinfo, models
+from kubelet_dra import models
+from kubelet_dra.state import healthinfo
 
 H = models.HealthStatus
 T0 = 1_000_000.0
@@ -81,7 +82,7 @@ def test_expired_device_reads_unknown_with_empty_message(cache: healthinfo.Healt
 
 
 def test_update_health_info_sequence(tmp_path) -> None:
-    from kubelet_dra import store
+    from kubelet_dra.state import store
 
     db = store.HealthStore.open(tmp_path)
     cache = healthinfo.HealthCache(sink=db)
@@ -536,7 +537,7 @@ def test_deletion_waits_for_a_report_of_the_same_driver(cache: healthinfo.Health
 
 
 def test_deletion_is_persisted_across_a_store_reopen(tmp_path) -> None:
-    from kubelet_dra import store
+    from kubelet_dra.state import store
 
     db = store.HealthStore.open(tmp_path)
     cache = healthinfo.HealthCache(sink=db)
@@ -557,7 +558,7 @@ def test_deletion_is_persisted_across_a_store_reopen(tmp_path) -> None:
 
 
 def test_an_expired_record_loaded_at_restart_is_deleted_at_start(tmp_path) -> None:
-    from kubelet_dra import store
+    from kubelet_dra.state import store
 
     db = store.HealthStore.open(tmp_path)
     cache = healthinfo.HealthCache(sink=db)
@@ -577,7 +578,7 @@ def test_an_expired_record_loaded_at_restart_is_deleted_at_start(tmp_path) -> No
 
 
 def test_lease_end_after_a_stream_end_deletes_the_records_in_memory_and_on_disk(tmp_path) -> None:
-    from kubelet_dra import store
+    from kubelet_dra.state import store
 
     db = store.HealthStore.open(tmp_path)
     cache = healthinfo.HealthCache(sink=db)

@@ -1,6 +1,6 @@
 """The health cache's details that the broader healthinfo tests do not pin down.
 
-Each test states one behaviour of ``kubelet_dra/healthinfo.py`` (the port of the
+Each test states one behaviour of ``kubelet_dra/state/healthinfo.py`` (the port of the
 kubelet's ``pkg/kubelet/cm/dra/healthinfo.go``, see its docstring for where it
 follows and where it deliberately differs): the message cut, the default lease,
 expiry at the deadline, deletion of overdue records, what is handed to the sink.
@@ -14,7 +14,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from kubelet_dra import healthinfo, models
+from kubelet_dra import models
+from kubelet_dra.state import healthinfo
 
 H = models.HealthStatus
 T0 = 1_000_000.0
@@ -104,14 +105,14 @@ def test_refusals_beyond_the_cap_add_up_and_are_logged_once_per_report(
 ) -> None:
     monkeypatch.setattr(healthinfo, "MAX_DEVICES_PER_DRIVER", 2)
     cache = healthinfo.HealthCache()
-    with caplog.at_level(logging.ERROR, logger="kubelet_dra.healthinfo"):
+    with caplog.at_level(logging.ERROR, logger="kubelet_dra.state.healthinfo"):
         cache.update(DRV, [rep("a"), rep("b"), rep("c")], now=T0)
         cache.update(DRV, [rep("d"), rep("e"), rep("a", H.UNHEALTHY)], now=T0 + 1)
         cache.update("other", [rep("a"), rep("b")], now=T0 + 1)
     assert cache.refused == {DRV: 3}
     assert len(cache) == 4
     assert cache.get(key("a"), T0 + 1).health is H.UNHEALTHY  # known: still updated
-    lines = [r for r in caplog.records if r.name == "kubelet_dra.healthinfo"]
+    lines = [r for r in caplog.records if r.name == "kubelet_dra.state.healthinfo"]
     assert [(r.levelno, r.getMessage()) for r in lines] == [
         (
             logging.ERROR,

@@ -34,7 +34,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubelet_dra import healthinfo, models
+from kubelet_dra import models
+from kubelet_dra.state import healthinfo
 
 H = models.HealthStatus
 CAP = 4  # small, so the generated reports cross it

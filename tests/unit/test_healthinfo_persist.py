@@ -15,7 +15,8 @@ import random
 
 import pytest
 
-from kubelet_dra import clock, healthinfo, models, store
+from kubelet_dra import clock, models
+from kubelet_dra.state import healthinfo, store
 
 H = models.HealthStatus
 DRV = "drv"

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kubelet_dra import healthinfo, models, store
+from kubelet_dra import models
+from kubelet_dra.state import healthinfo, store
 
 names = st.one_of(
     st.text(max_size=20),

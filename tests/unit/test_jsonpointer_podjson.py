@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kubelet_dra import jsonpointer, podjson
+from kubelet_dra.status import jsonpointer, podjson
 
 DOC = {"a/b": {"m~n": [10, {"x": None}]}, "list": ["zero"]}
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubelet_dra import errors, models, podstatus
+from kubelet_dra import errors, models
 from kubelet_dra.clock import FakeClock
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import events as _kube_events
+from kubelet_dra.status import podstatus
 
 H = models.HealthStatus
 POD = {"kind": "Pod", "name": "p", "namespace": "default", "uid": "u1"}

@@ -7,9 +7,9 @@ import json
 import pytest
 import yaml
 
-from kubelet_dra import claims
 from kubelet_dra.kubectl import _model as model
 from kubelet_dra.kubectl import _render as render
+from kubelet_dra.status import claims
 from kubelet_dra.testing import make_claim, make_pod
 from kubelet_dra.testing.fakeapi import Container, PodClaim
 

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import claims, clock, kubeletcheckpoint
-from kubelet_dra.kubeletcheckpoint import CheckpointError
+from kubelet_dra import clock
+from kubelet_dra.state import kubeletcheckpoint
+from kubelet_dra.state.kubeletcheckpoint import CheckpointError
+from kubelet_dra.status import claims
 from kubelet_dra.testing import eventually
 from tests.unit import _kubelet_checkpoint_files as files
 

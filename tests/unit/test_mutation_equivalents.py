@@ -15,11 +15,13 @@ DOC = pathlib.Path(__file__).parents[2] / "docs" / "testing.md"
 
 
 def _short(name: str) -> tuple[str, str]:
-    # "kubelet_dra.registration.x__printable__mutmut_7" -> ("registration._printable", "7")
+    # "kubelet_dra.plugin.registration.x__printable__mutmut_7" -> ("registration._printable", "7"):
+    # the docs name a function by the module's label in score.MODULES.
     function, number = name.rsplit("__mutmut_", 1)
-    module, _, mangled = function.removeprefix("kubelet_dra.").rpartition(".")
+    label = next(m for m in score.MODULES if function.startswith(score.dotted(m) + "."))
+    mangled = function.removeprefix(score.dotted(label) + ".")
     plain = mangled.removeprefix("x_").replace("xǁ", "").replace("ǁ", ".")
-    return f"{module}.{plain}", number
+    return f"{label.replace('/', '.')}.{plain}", number
 
 
 def _numbers(cell: str) -> set[str]:

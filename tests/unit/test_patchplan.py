@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import claims, podstatus
 from kubelet_dra.kube import patchplan
+from kubelet_dra.status import claims, podstatus
 
 ARS = "allocatedResourcesStatus"
 NOW = 1_700_000_000.0

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import models, streams
+from kubelet_dra import models
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1
 from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1
+from kubelet_dra.plugin import streams
 
 H = models.HealthStatus
 

@@ -15,9 +15,10 @@ import asyncio
 import random
 from typing import Any
 
-from kubelet_dra import claims, errors
+from kubelet_dra import errors
 from kubelet_dra.clock import FakeClock
 from kubelet_dra.kube import pods as kube_pods
+from kubelet_dra.status import claims
 
 DOWN_S = 5.0  # how long the apiserver is away after the watches break
 STEP = 0.05  # fake-clock resolution of the drive loop

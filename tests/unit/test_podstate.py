@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import claims, models
+from kubelet_dra import models
 from kubelet_dra.kube import podstate
+from kubelet_dra.status import claims
 
 WINDOW = 0.5
 
@@ -131,7 +132,7 @@ def _pod(rv: int, *entries: dict[str, Any], listed: bool = True) -> dict[str, An
 
 
 def _desired(entry: dict[str, Any] | None = OURS) -> Any:
-    from kubelet_dra import podstatus
+    from kubelet_dra.status import podstatus
 
     return podstatus.Desired("a", {MAIN: {"claim:gpu": entry}}, None, ())
 

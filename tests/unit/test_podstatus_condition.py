@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import claims, models, podstatus
+from kubelet_dra import models
+from kubelet_dra.status import claims, podstatus
 from tests.unit import _podstatus_builders as b
 
 H = models.HealthStatus

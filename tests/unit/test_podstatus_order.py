@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import claims, models, podstatus
+from kubelet_dra import models
 from kubelet_dra.kube import patchplan
+from kubelet_dra.status import claims, podstatus
 from tests.unit import _podstatus_builders as b
 
 DRV = "gpu.example.com"

@@ -2,7 +2,7 @@
 
 ``TestUpdateAllocatedResourcesStatus``, ``..._Subrequest``,
 ``TestBuildResourceHealth``, ``TestToResourceHealthStatus`` and
-``TestTruncateHealthMessage``, run against :mod:`kubelet_dra.podstatus` on
+``TestTruncateHealthMessage``, run against :mod:`kubelet_dra.status.podstatus` on
 plain dicts.
 """
 
@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import claims, healthinfo, models, podstatus
+from kubelet_dra import models
+from kubelet_dra.state import healthinfo
+from kubelet_dra.status import claims, podstatus
 from tests.unit import _podstatus_builders as b
 
 H = models.HealthStatus

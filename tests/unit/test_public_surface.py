@@ -126,17 +126,17 @@ def test_the_checker_catches_private_uses() -> None:
     # The docs' own uses before the surface was declared, each one caught.
     source = """
 import kubelet_dra
-from kubelet_dra import podstatus
+from kubelet_dra.status import podstatus
 from kubelet_dra.testing.fakedriver_control import FakeDriverClient
 from kubelet_dra.testing import FakeDriver, fakedriver
 podstatus.merge({}, None, now=0)
-kubelet_dra.podstatus.find_condition({}, "DeviceHealthy")
+kubelet_dra.status.podstatus.find_condition({}, "DeviceHealthy")
 kubelet_dra.testing.FakeDriver
 kubelet_dra.DRAHealthManager
 """
     assert non_public_uses(_parse(source, "sample")) == [
-        "from kubelet_dra import podstatus",
+        "from kubelet_dra.status import ...",
         "from kubelet_dra.testing import fakedriver",
         "from kubelet_dra.testing.fakedriver_control import ...",
-        "kubelet_dra.podstatus.find_condition",
+        "kubelet_dra.status.podstatus.find_condition",
     ]

@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from kubelet_dra import errors, registration
+from kubelet_dra import errors
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+from kubelet_dra.plugin import registration
 
 DRA = "v1.DRAPlugin"
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from kubelet_dra import errors, registration
+from kubelet_dra import errors
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg_pb2
+from kubelet_dra.plugin import registration
 
 OK = None
 

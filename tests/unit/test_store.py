@@ -10,7 +10,8 @@ import stat
 
 import pytest
 
-from kubelet_dra import errors, healthinfo, models, store
+from kubelet_dra import errors, models
+from kubelet_dra.state import healthinfo, store
 
 H = models.HealthStatus
 T0 = 1_000_000.0

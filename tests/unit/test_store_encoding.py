@@ -1,6 +1,6 @@
 """The store's encoding: the JSON text of a row, and reading rows back.
 
-``kubelet_dra/store.py`` formats each value's JSON text itself
+``kubelet_dra/state/store.py`` formats each value's JSON text itself
 (``_value_text``) instead of ``json.dumps``; these tests hold it to exactly what
 ``json.dumps`` of the versioned record gives, and check that loading (the bulk
 path and the row-by-row path) gives back every field. Written against mutation
@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import models, store
+from kubelet_dra import models
+from kubelet_dra.state import store
 
 H = models.HealthStatus
 T0 = 1_000_000.0
@@ -211,7 +212,7 @@ def test_every_bad_row_is_counted_and_logged(
     good = store._value_text(("d", "p", "0"), RECORDS[2])[1]
     db = store.HealthStore.open(tmp_path)
     raw_rows(db, [good, "{", '{"v": 1}', "[]"])
-    with caplog.at_level(logging.WARNING, logger="kubelet_dra.store"):
+    with caplog.at_level(logging.WARNING, logger="kubelet_dra.state.store"):
         assert db.load() == [(models.DeviceKey("d", "p", "0"), RECORDS[2])]
     assert db.skipped_rows == 3
     skipped = [

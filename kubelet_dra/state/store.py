@@ -58,7 +58,8 @@ import pydantic
 import sqlitedict
 from typing_extensions import TypedDict
 
-from kubelet_dra import errors, healthinfo, models
+from kubelet_dra import errors, models
+from kubelet_dra.state import healthinfo
 
 logger = logging.getLogger(__name__)
 

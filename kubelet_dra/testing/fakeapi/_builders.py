@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubelet_dra.testing import _fakeapi_store as storage
+from kubelet_dra.testing.fakeapi import _store as storage
 
 Obj = dict[str, Any]
 IMAGE = "registry.k8s.io/pause:3.10"

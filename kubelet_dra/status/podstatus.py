@@ -68,8 +68,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import claims, healthinfo, models, podjson
-from kubelet_dra.podjson import Obj
+from kubelet_dra import models
+from kubelet_dra.state import healthinfo
+from kubelet_dra.status import claims, podjson
+from kubelet_dra.status.podjson import Obj
 
 logger = logging.getLogger(__name__)
 

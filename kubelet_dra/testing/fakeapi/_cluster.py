@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kubelet_dra.testing import _fakeapi_status as status
-from kubelet_dra.testing import _fakeapi_store as storage
+from kubelet_dra.testing.fakeapi import _status as status
+from kubelet_dra.testing.fakeapi import _store as storage
 
 Obj = dict[str, Any]
 GROUP = "resource.k8s.io"

@@ -42,8 +42,10 @@ import random
 from collections.abc import Awaitable, Callable
 
 from kubelet_dra import clock as clock_mod
-from kubelet_dra import healthinfo, models, registration, streams
+from kubelet_dra import models
 from kubelet_dra import settings as settings_mod
+from kubelet_dra.plugin import registration, streams
+from kubelet_dra.state import healthinfo
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kubelet_dra.testing import _fakeapi_status as status
+from kubelet_dra.testing.fakeapi import _status as status
 
 Obj = dict[str, Any]
 

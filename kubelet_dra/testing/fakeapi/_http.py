@@ -22,12 +22,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from kubelet_dra.testing import _fakeapi_faults as faultlib
-from kubelet_dra.testing import _fakeapi_generic as generic
-from kubelet_dra.testing import _fakeapi_ops as ops
-from kubelet_dra.testing import _fakeapi_status as status
-from kubelet_dra.testing import _fakeapi_store as storage
-from kubelet_dra.testing import _fakeapi_watch as watching
+from kubelet_dra.testing.fakeapi import _faults as faultlib
+from kubelet_dra.testing.fakeapi import _generic as generic
+from kubelet_dra.testing.fakeapi import _ops as ops
+from kubelet_dra.testing.fakeapi import _status as status
+from kubelet_dra.testing.fakeapi import _store as storage
+from kubelet_dra.testing.fakeapi import _watch as watching
 
 _VERSION = {"major": "1", "minor": "36", "gitVersion": "v1.36.0-fakeapi", "platform": "linux/amd64"}
 

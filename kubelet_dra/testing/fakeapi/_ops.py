@@ -16,9 +16,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kubelet_dra.testing import _fakeapi_patch as patching
-from kubelet_dra.testing import _fakeapi_status as status
-from kubelet_dra.testing import _fakeapi_store as storage
+from kubelet_dra.testing.fakeapi import _patch as patching
+from kubelet_dra.testing.fakeapi import _status as status
+from kubelet_dra.testing.fakeapi import _store as storage
 
 Obj = dict[str, Any]
 JSON_PATCH = "application/json-patch+json"

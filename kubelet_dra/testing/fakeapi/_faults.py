@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubelet_dra.testing import _fakeapi_status as status
+from kubelet_dra.testing.fakeapi import _status as status
 
 _REASONS = {
     403: ("Forbidden", "forbidden: injected fault (RBAC or admission denied the request)"),

@@ -6,7 +6,7 @@ for strategic merge patches. The strategic merge schema here covers the pod and 
 fields a kubelet-like client touches; lists without a known merge key are replaced whole,
 which is what the real server does for ``+listType=atomic`` lists such as
 ``status.containerStatuses``. JSON pointers are resolved by the package's own
-``kubelet_dra.jsonpointer``, the one the status writer uses.
+``kubelet_dra.status.jsonpointer``, the one the status writer uses.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import copy
 import json
 from typing import Any
 
-from kubelet_dra import jsonpointer
+from kubelet_dra.status import jsonpointer
 
 JSON = Any
 

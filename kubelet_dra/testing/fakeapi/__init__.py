@@ -37,14 +37,14 @@ from typing import Any, Self
 
 import kubernetes.client
 
-from kubelet_dra.testing import _fakeapi_builders as builders
-from kubelet_dra.testing import _fakeapi_cluster as cluster
-from kubelet_dra.testing import _fakeapi_faults as faults
-from kubelet_dra.testing import _fakeapi_generic as generic
-from kubelet_dra.testing import _fakeapi_http as http
-from kubelet_dra.testing import _fakeapi_ops as ops
-from kubelet_dra.testing import _fakeapi_store as storage
-from kubelet_dra.testing._fakeapi_builders import (
+from kubelet_dra.testing.fakeapi import _builders as builders
+from kubelet_dra.testing.fakeapi import _cluster as cluster
+from kubelet_dra.testing.fakeapi import _faults as faults
+from kubelet_dra.testing.fakeapi import _generic as generic
+from kubelet_dra.testing.fakeapi import _http as http
+from kubelet_dra.testing.fakeapi import _ops as ops
+from kubelet_dra.testing.fakeapi import _store as storage
+from kubelet_dra.testing.fakeapi._builders import (
     Container,
     PodClaim,
     container_status,
@@ -52,8 +52,8 @@ from kubelet_dra.testing._fakeapi_builders import (
     make_claim,
     make_pod,
 )
-from kubelet_dra.testing._fakeapi_faults import Fault, RequestRecord
-from kubelet_dra.testing._fakeapi_status import ApiError
+from kubelet_dra.testing.fakeapi._faults import Fault, RequestRecord
+from kubelet_dra.testing.fakeapi._status import ApiError
 
 __all__ = [
     "ApiError",

@@ -44,8 +44,9 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
-from kubelet_dra import models, podjson
-from kubelet_dra.podjson import Obj
+from kubelet_dra import models
+from kubelet_dra.status import podjson
+from kubelet_dra.status.podjson import Obj
 
 logger = logging.getLogger(__name__)
 

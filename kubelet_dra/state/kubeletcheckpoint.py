@@ -64,8 +64,9 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kubelet_dra import claims, errors
 from kubelet_dra import clock as clock_mod
+from kubelet_dra import errors
+from kubelet_dra.status import claims
 
 logger = logging.getLogger(__name__)
 

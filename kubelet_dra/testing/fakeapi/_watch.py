@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubelet_dra.testing import _fakeapi_status as status
-from kubelet_dra.testing import _fakeapi_store as storage
+from kubelet_dra.testing.fakeapi import _status as status
+from kubelet_dra.testing.fakeapi import _store as storage
 
 DEFAULT_TIMEOUT = 1800.0  # the apiserver's --min-request-timeout
 _POLL = 0.2  # how often an idle watch checks whether its client is still there

@@ -19,8 +19,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kubelet_dra.testing import _fakeapi_cluster as cluster
-from kubelet_dra.testing import _fakeapi_store as storage
+from kubelet_dra.testing.fakeapi import _cluster as cluster
+from kubelet_dra.testing.fakeapi import _store as storage
 
 Obj = dict[str, Any]
 _BUILT_IN = (*storage.RESOURCES, *cluster.DEVICE_TAINT_RULES.values())

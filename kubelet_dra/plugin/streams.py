@@ -7,7 +7,7 @@ Counterpart of the stream loop in the kubelet's
 
 :func:`watch` is the whole state machine of one endpoint's stream: it is the
 only code that sets :class:`StreamState`, and it tells its consumer
-(:class:`kubelet_dra.plugins.PluginManager`, which owns the task and the
+(:class:`kubelet_dra.plugin.plugins.PluginManager`, which owns the task and the
 health cache) what happened as values, never by calling it back:
 
 - :class:`Report`: one response, converted (or refused as a whole);
@@ -39,12 +39,14 @@ from typing import Any
 import grpc
 
 from kubelet_dra import clock as clock_mod
-from kubelet_dra import healthinfo, models, registration
+from kubelet_dra import models
 from kubelet_dra import settings as settings_mod
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1_pb2
 from kubelet_dra._proto.dra_health.v1 import api_pb2_grpc as v1_grpc
 from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
 from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
+from kubelet_dra.plugin import registration
+from kubelet_dra.state import healthinfo
 
 logger = logging.getLogger(__name__)
 

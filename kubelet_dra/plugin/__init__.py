@@ -1,0 +1,2 @@
+"""The drivers' side: the registration watcher and its validation, the plugin manager and
+the health streams (``pkg/kubelet/cm/dra/plugin``)."""
