@@ -26,7 +26,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import healthinfo, podstatus
+from kubelet_dra.state import healthinfo
+from kubelet_dra.status import podstatus
 from tests.faults._faults import _unknown_resources
 
 from . import _parts as parts
