@@ -36,6 +36,7 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,7 @@ class FaultProxy:
         self._listener.listen(128)
         self.port: int = self._listener.getsockname()[1]
         self._stopped = threading.Event()
+        self._open: set[Any] = set()
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
 
     @property
@@ -123,6 +125,12 @@ class FaultProxy:
         self._stopped.set()
         with contextlib.suppress(OSError):
             self._listener.close()
+        # Unblock every connection thread (a watch waits on the server): each closes its own.
+        with self._lock:
+            live = list(self._open)
+        for sock in live:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -137,27 +145,44 @@ class FaultProxy:
             ).start()
 
     def _serve(self, raw: socket.socket) -> None:
+        # Every socket and file of the connection is closed here, whatever ends it (a
+        # file from makefile() keeps its socket open until both are closed).
+        opened: list[Any] = [raw]
         upstream: _Upstream | None = None
+
+        def server() -> _Upstream:
+            nonlocal upstream
+            if upstream is None:
+                upstream = self._connect()
+                opened.extend((upstream.sock, upstream.reader))
+                with self._lock:
+                    self._open.add(upstream.sock)
+            return upstream
+
         try:
             raw.settimeout(30)
             conn = self._server_ctx.wrap_socket(raw, server_side=True)
+            opened.append(conn)
+            with self._lock:
+                self._open.add(conn)
             conn.settimeout(None)
             reader = conn.makefile("rb")
+            opened.append(reader)
             while not self._stopped.is_set():
                 request = _read_request(reader)
                 if request is None:
                     return
-                upstream = self._one(conn, request, upstream)
+                self._one(conn, request, server)
         except (OSError, ssl.SSLError, _Closed, ValueError):
             return
         except Exception as exc:
             self.errors.append(f"{type(exc).__name__}: {exc}")
         finally:
-            with contextlib.suppress(OSError):
-                raw.close()
-            if upstream is not None:
+            for thing in reversed(opened):
                 with contextlib.suppress(OSError):
-                    upstream.sock.close()
+                    thing.close()
+            with self._lock:
+                self._open.difference_update(opened)
 
     def _chosen(self) -> Window | None:
         with self._lock:
@@ -169,9 +194,15 @@ class FaultProxy:
                 return None
             return window
 
+    def _connect(self) -> _Upstream:
+        sock = socket.create_connection(self.upstream, timeout=30)
+        tls = self._client_ctx.wrap_socket(sock, server_hostname=self.upstream[0])
+        tls.settimeout(None)
+        return _Upstream(tls, tls.makefile("rb"))
+
     def _one(
-        self, conn: ssl.SSLSocket, request: _Request, upstream: _Upstream | None
-    ) -> _Upstream | None:
+        self, conn: ssl.SSLSocket, request: _Request, upstream: Callable[[], _Upstream]
+    ) -> None:
         self.requests += 1
         window = self._chosen()
         after = False
@@ -186,21 +217,14 @@ class FaultProxy:
                 _answer_fault(conn, window)
                 if window.kind == "stall":
                     raise _Closed
-                return upstream
-        if upstream is None:
-            sock = socket.create_connection(self.upstream, timeout=30)
-            tls = self._client_ctx.wrap_socket(sock, server_hostname=self.upstream[0])
-            tls.settimeout(None)
-            upstream = _Upstream(tls, tls.makefile("rb"))
-        upstream.sock.sendall(request.raw)
-        status, head, body = _relay_response(
-            upstream.reader, conn, request, capture=request.captured
-        )
+                return
+        server = upstream()
+        server.sock.sendall(request.raw)
+        status, head, body = _relay_response(server.reader, conn, request, capture=request.captured)
         if after:
             _reset(conn)
             raise _Closed
         self._record(request, status, head, body)
-        return upstream
 
     def _record(self, request: _Request, status: int, head: bytes, body: bytes | None) -> None:
         if body is None:
