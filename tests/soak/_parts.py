@@ -108,9 +108,13 @@ class Driver:
             raise RuntimeError(f"driver {self.index} did not start: {line!r}")
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()  # read once for "ready"; never left to the GC
 
     def request(self, op: str, **args: Any) -> dict[str, Any]:
         with self._lock, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
