@@ -6,7 +6,7 @@ check with its figure, its bound and ``ok``. Resource slopes are fitted with
 :func:`settle` seconds and after each sidecar life's first :data:`LIFE_WARMUP`
 seconds (its imports, caches and first lists).
 
-Bounds (per hour, of the pooled slope): :data:`LONG` for runs of 30 minutes or more
+Bounds (per hour, of the pooled slope): :data:`LONG` for runs of 25 minutes or more
 (the issue's: RSS below 2 MB an hour; fds and tasks "0", read as at most 10 an hour:
 the soak restarts a driver about 20 times an hour and the proxy breaks about 100 API
 connections, so a leak of one per event is 20 to 100 an hour, while the counts
