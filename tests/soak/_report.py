@@ -55,11 +55,6 @@ def settle(minutes: float) -> float:
     return min(300.0, minutes * 60 / 3)
 
 
-def life_warmup(minutes: float) -> float:
-    """Seconds of each life left out: :data:`LIFE_WARMUP`, or a sixth of a short run."""
-    return min(LIFE_WARMUP, minutes * 60 / 6)
-
-
 def slopes(soak: Soak) -> dict[str, float | None]:
     starts = soak.world.sidecar_starts
     skip = settle(soak.opts.minutes)
@@ -67,7 +62,7 @@ def slopes(soak: Soak) -> dict[str, float | None]:
     for row in soak.samples:
         life = int(row["life"])
         born = starts[life - 1] - soak.t0 if 0 < life <= len(starts) else 0.0
-        if row["t"] < skip or row["t"] < born + life_warmup(soak.opts.minutes):
+        if row["t"] < skip or row["t"] < born + LIFE_WARMUP:
             continue
         values = dict(row)
         if "state_bytes" in row:
