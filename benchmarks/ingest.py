@@ -24,7 +24,7 @@ from benchmarks import _driver
 from kubelet_dra import manager, models, settings
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as pb
 from kubelet_dra._proto.dra_health.v1 import api_pb2_grpc as pb_grpc
-from kubelet_dra.plugin import registration
+from kubelet_dra.plugin import getinfo
 
 NAME = "ingest"
 FINAL = 2
@@ -53,7 +53,7 @@ async def _pipeline_once(
         plugins_registry=workdir / "unused-registry",
         state_dir=workdir / f"state-{devices}-{run}",
     )
-    plugin = registration.make_plugin_info(
+    plugin = getinfo.make_plugin_info(
         c.DRIVER, str(drv.dra_socket), ["v1.DRAPlugin", "v1.DRAResourceHealth"]
     )
     mgr = manager.DRAHealthManager(

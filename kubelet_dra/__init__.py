@@ -47,14 +47,9 @@ if TYPE_CHECKING:
     from kubelet_dra.kube import NodePods, StatusWriter
     from kubelet_dra.manager import DRAHealthManager
     from kubelet_dra.models import DeviceHealth, DeviceKey, DeviceReport, HealthStatus
+    from kubelet_dra.plugin.getinfo import PluginInfo, make_plugin_info
     from kubelet_dra.plugin.plugins import PluginManager
-    from kubelet_dra.plugin.registration import (
-        EventKind,
-        PluginEvent,
-        PluginInfo,
-        RegistryWatcher,
-        make_plugin_info,
-    )
+    from kubelet_dra.plugin.registration import EventKind, PluginEvent, RegistryWatcher
     from kubelet_dra.settings import ContainerStatusMode, Role, Settings
     from kubelet_dra.sidecar import Sidecar
     from kubelet_dra.state.healthinfo import HealthCache, truncate_message
@@ -87,7 +82,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "KubeletDraError": ("kubelet_dra.errors", "KubeletDraError"),
     "NodePods": ("kubelet_dra.kube", "NodePods"),
     "PluginEvent": ("kubelet_dra.plugin.registration", "PluginEvent"),
-    "PluginInfo": ("kubelet_dra.plugin.registration", "PluginInfo"),
+    "PluginInfo": ("kubelet_dra.plugin.getinfo", "PluginInfo"),
     "PluginManager": ("kubelet_dra.plugin.plugins", "PluginManager"),
     "PodGone": ("kubelet_dra.errors", "PodGone"),
     "PodHealthUpdate": ("kubelet_dra.agentpods", "PodHealthUpdate"),
@@ -102,7 +97,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "StoreError": ("kubelet_dra.errors", "StoreError"),
     "SyncRunner": ("kubelet_dra.syncrunner", "SyncRunner"),
     "SystemClock": ("kubelet_dra.clock", "SystemClock"),
-    "make_plugin_info": ("kubelet_dra.plugin.registration", "make_plugin_info"),
+    "make_plugin_info": ("kubelet_dra.plugin.getinfo", "make_plugin_info"),
     "merge_pod_status": ("kubelet_dra.status.podstatus", "merge"),
     "truncate_message": ("kubelet_dra.state.healthinfo", "truncate_message"),
 }

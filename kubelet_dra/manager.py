@@ -39,7 +39,7 @@ from typing import Any
 from kubelet_dra import agentpods, errors, kube, metrics, models, taintbridge
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
-from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.plugin import getinfo, plugins, registration
 from kubelet_dra.state import healthinfo, kubeletcheckpoint, store
 from kubelet_dra.status import claims, podstatus
 
@@ -70,7 +70,7 @@ class DRAHealthManager:
         clock: clock_mod.Clock | None = None,
         on_status: StatusCallback | None = None,
         api_client: Any = None,
-        static_plugins: Sequence[registration.PluginInfo] = (),
+        static_plugins: Sequence[getinfo.PluginInfo] = (),
         watch_registry: bool = True,
     ) -> None:
         self.settings = settings or settings_mod.Settings()

@@ -8,7 +8,7 @@ kubelet ships no such image. The steps:
 2. a root filesystem from ``mmdebstrap --variant=extract`` with the Debian packages of
    ``packages.txt`` and their dependencies, nothing else (no shell, no apt);
 3. pip, run by the image's own ``/usr/bin/python3.11`` in a chroot, installs the wheels offline
-   with ``--no-deps``; ``prune.txt`` paths are removed; bytecode is compiled once
+   with ``--no-deps``; ``prune.txt`` paths (globs) are removed; bytecode is compiled once
    (unchecked-hash ``.pyc``: the root filesystem is read-only at run time);
 4. ``umoci`` packs it as one layer into an OCI layout, with the entry point, user and
    labels of ``CONFIG`` below; every timestamp is ``SOURCE_DATE_EPOCH`` (default: the
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import pathlib
@@ -295,14 +296,23 @@ def install_python(rootfs: pathlib.Path, wheels: Iterable[pathlib.Path], ours: p
     shutil.rmtree(stage)
 
 
+def prune_targets(rootfs: pathlib.Path, rel: str) -> list[pathlib.Path]:
+    """What one ``prune.txt`` line names in ``rootfs``: a path relative to the
+    site-packages dir, or absolute from the image's root; a glob expands as the shell's
+    (``*`` and ``?`` match no leading dot, as in the Containerfile's ``rm -r``)."""
+    base = rootfs / rel.lstrip("/") if rel.startswith("/") else rootfs / SITE / rel
+    return sorted(pathlib.Path(p) for p in glob.glob(str(base)))
+
+
 def prune(rootfs: pathlib.Path) -> list[str]:
-    """Remove the paths of ``prune.txt`` (relative to the site-packages dir)."""
+    """Remove the paths of ``prune.txt``; each line must match something."""
     gone = []
     for rel in lines(PRUNE) if PRUNE.exists() else []:
-        target = rootfs / SITE / rel
-        if not target.exists():
+        targets = prune_targets(rootfs, rel)
+        if not targets:
             raise SystemExit(f"{PRUNE.name}: {rel} is not in the image (remove the line)")
-        shutil.rmtree(target) if target.is_dir() else target.unlink()
+        for target in targets:
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
         gone.append(rel)
     return gone
 

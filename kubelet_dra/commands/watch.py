@@ -24,7 +24,7 @@ from typing import Any, TextIO
 import grpc
 
 from kubelet_dra import clock, errors, settings
-from kubelet_dra.plugin import registration, streams
+from kubelet_dra.plugin import getinfo, registration, streams
 from kubelet_dra.state import healthinfo
 
 _ENUM_NAMES = {0: "Unknown", 1: "Healthy", 2: "Unhealthy"}
@@ -99,12 +99,12 @@ async def watch(options: Options, *, out: TextIO) -> int:
     return 0 if printed else 1
 
 
-async def discover(options: Options) -> list[registration.PluginInfo]:
+async def discover(options: Options) -> list[getinfo.PluginInfo]:
     """The plugins to watch, from one socket or a registry scan."""
-    found: list[registration.PluginInfo] = []
+    found: list[getinfo.PluginInfo] = []
     if options.socket:
         found.append(
-            await registration.fetch_plugin_info(
+            await getinfo.fetch_plugin_info(
                 options.socket, role=settings.Role.OBSERVER, timeout=5.0
             )
         )
@@ -192,7 +192,7 @@ class Advisor:
         return True
 
 
-async def _watch_one(plugin: registration.PluginInfo, options: Options, out: TextIO) -> bool:
+async def _watch_one(plugin: getinfo.PluginInfo, options: Options, out: TextIO) -> bool:
     """Stream from one plugin; True once a report was printed."""
     if plugin.health_service is None:
         _say(
@@ -240,7 +240,7 @@ async def _watch_one(plugin: registration.PluginInfo, options: Options, out: Tex
     return printed
 
 
-def _explain(plugin: registration.PluginInfo, exc: grpc.aio.AioRpcError) -> str:
+def _explain(plugin: getinfo.PluginInfo, exc: grpc.aio.AioRpcError) -> str:
     if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
         return (
             f"{plugin.driver} advertises {plugin.health_service} but answers UNIMPLEMENTED: "
@@ -253,7 +253,7 @@ def _render(
     out: TextIO,
     options: Options,
     *,
-    plugin: registration.PluginInfo,
+    plugin: getinfo.PluginInfo,
     response: Any,
     warnings: list[str],
     now: float,

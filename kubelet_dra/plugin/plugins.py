@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import models
 from kubelet_dra import settings as settings_mod
-from kubelet_dra.plugin import registration, streams
+from kubelet_dra.plugin import getinfo, registration, streams
 from kubelet_dra.state import healthinfo
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class DriverStats:
 
 @dataclasses.dataclass
 class _Endpoint:
-    plugin: registration.PluginInfo
+    plugin: getinfo.PluginInfo
     status: EndpointStatus | None = None  # None: no health service advertised
     task: asyncio.Task[None] | None = None
     stopped: bool = False  # the stream was stopped and its devices ended
@@ -187,11 +187,11 @@ class PluginManager:
         return {p: e.status for p, e in self._endpoints.items() if e.status is not None}
 
     @property
-    def plugins(self) -> list[registration.PluginInfo]:
+    def plugins(self) -> list[getinfo.PluginInfo]:
         """Every registered plugin, with or without a health service."""
         return [e.plugin for e in self._endpoints.values()]
 
-    def _add(self, plugin: registration.PluginInfo) -> None:
+    def _add(self, plugin: getinfo.PluginInfo) -> None:
         entry = _Endpoint(plugin)
         self._endpoints[plugin.endpoint] = entry
         if plugin.health_service is None:
@@ -247,7 +247,7 @@ class PluginManager:
             entry.status.state = StreamState.STOPPED
             await self._apply(entry.status, streams.Ended(streams.Outcome.STOPPED))
 
-    async def _consume(self, plugin: registration.PluginInfo, status: EndpointStatus) -> None:
+    async def _consume(self, plugin: getinfo.PluginInfo, status: EndpointStatus) -> None:
         """The endpoint's task: apply every event of its stream until the stream returns."""
         events = streams.watch(
             plugin, status, settings=self._settings, clock=self._clock, rng=self._rng

@@ -1,8 +1,10 @@
-"""Plugin discovery: the registry watcher, GetInfo and version negotiation.
+"""Plugin discovery: the registry watcher.
 
 Counterpart of the kubelet's ``pkg/kubelet/pluginmanager`` (plugin watcher,
-reconciler, operation generator) and of the registration handler's validation
-in ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``.
+reconciler, operation generator). Its two parts have modules of their own:
+``getinfo`` (one socket's ``GetInfo``, version negotiation, ``NotifyRegistrationStatus``)
+and ``validation`` (the driver name and endpoint checks of
+``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``).
 
 :class:`RegistryWatcher` polls a plugins-registry directory (recursively) for
 unix sockets instead of using inotify: a scan every
@@ -18,10 +20,10 @@ same path). ``plugins.PluginManager.handle`` is that callback.
 
 Validation follows kubelet v1.38 (``dra_plugin_manager.go``): the driver
 name must pass ``ValidateCSIDriverName`` and the endpoint must be an
-absolute, plain path shorter than 108 bytes (see :func:`validate_driver_name`
-and :func:`validate_endpoint`). A refused registration is an error to the
-plugin (as owner, through ``NotifyRegistrationStatus``), logged once per
-socket and counted in :attr:`RegistryWatcher.refused`.
+absolute, plain path shorter than 108 bytes (see ``validation``). A refused
+registration is an error to the plugin (as owner, through
+``NotifyRegistrationStatus``), logged once per socket and counted in
+:attr:`RegistryWatcher.refused`.
 
 Roles: an **observer** (the sidecar) only calls ``GetInfo`` and never
 ``NotifyRegistrationStatus``, so it cannot disturb the real kubelet's
@@ -40,27 +42,18 @@ import logging
 import os
 import pathlib
 import random
-import re
 import stat
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-
-import grpc
+from collections.abc import Awaitable, Callable, Sequence
 
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import errors
 from kubelet_dra import settings as settings_mod
-from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg_pb2
-from kubelet_dra._proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from kubelet_dra.plugin import getinfo
+from kubelet_dra.plugin.getinfo import PluginInfo
+from kubelet_dra.plugin.validation import printable
 
 logger = logging.getLogger(__name__)
 
-DRA_PLUGIN_TYPE = "DRAPlugin"
-DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-"""``servicesSupportedByKubelet`` in ``dra_plugin.go``."""
-HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
-"""``healthServicesSupportedByKubelet``, in the kubelet's order of preference."""
-NOTIFY_TIMEOUT = 5.0
-"""The kubelet's timeout for ``NotifyRegistrationStatus``."""
 _MAX_DEPTH = 8  # the registry is shallow; a bound keeps a pathological tree cheap
 IGNORED_REASONS = (
     "not_a_socket",
@@ -74,34 +67,6 @@ IGNORED_REASONS = (
 link; a dangling symlink (or one removed mid-scan); a symlink loop; a symlink to
 a socket outside the registry; a name that is not UTF-8; a directory below
 :data:`_MAX_DEPTH`. Hidden (dot) entries are not counted."""
-DRIVER_NAME_MAX_BYTES = 63
-"""``ValidateCSIDriverName``'s limit."""
-UNIX_PATH_MAX = 108
-"""``sun_path`` on Linux: an endpoint must be shorter (kubelet ``unixPathMax``)."""
-_DNS1123_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
-_DNS1123_SUBDOMAIN_MAX = 253
-# Go's strings.ToLower maps rune by rune (simple case mapping); only these two
-# non-ASCII runes become ASCII, every other non-ASCII rune stays non-ASCII
-# (so fails the subdomain pattern whatever it maps to). Python's str.lower()
-# differs for U+0130 ("i" plus a combining dot).
-_GO_LOWER_TO_ASCII = {"\u0130": "i", "\u212a": "k"}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PluginInfo:
-    """A validated DRA plugin registration.
-
-    ``socket`` is the registration socket ("" for a statically configured
-    driver); ``endpoint`` is the DRA service socket the streams dial.
-    """
-
-    driver: str
-    endpoint: str
-    socket: str
-    supported_versions: tuple[str, ...]
-    dra_service: str
-    health_service: str | None
 
 
 class EventKind(enum.StrEnum):
@@ -116,250 +81,6 @@ class PluginEvent:
 
 
 EventCallback = Callable[[PluginEvent], Awaitable[None]]
-
-
-def pick_health_service(versions: Iterable[str] | None) -> str | None:
-    """The health service to stream from: v1 over v1alpha1, ``None`` if neither."""
-    offered = set(versions or ())
-    return next((s for s in HEALTH_SERVICES if s in offered), None)
-
-
-def validate_driver_name(driver: str) -> None:
-    """Kubelet v1.38's ``validateDriverName`` (``ValidateCSIDriverName``).
-
-    Non-empty, at most 63 bytes, and a DNS-1123 subdomain once lower-cased
-    (so ``GPU.Example.com`` is accepted, ``gpu_example`` is not).
-    """
-    if not driver:
-        raise errors.RegistrationError("invalid DRA driver name: empty", reason="driver_name")
-    if len(driver.encode("utf-8", "surrogatepass")) > DRIVER_NAME_MAX_BYTES:
-        raise errors.RegistrationError(
-            f"invalid DRA driver name {_printable(driver)!r}: "
-            f"longer than {DRIVER_NAME_MAX_BYTES} bytes",
-            reason="driver_name",
-        )
-    lowered = _go_lower(driver)
-    if len(lowered) > _DNS1123_SUBDOMAIN_MAX or not _DNS1123_SUBDOMAIN.fullmatch(lowered):
-        raise errors.RegistrationError(
-            f"invalid DRA driver name {_printable(driver)!r}: a lowercase RFC 1123 subdomain "
-            "must consist of lower case alphanumeric characters, '-' or '.', and must start "
-            "and end with an alphanumeric character (checked after lower-casing)",
-            reason="driver_name",
-        )
-
-
-def _go_lower(text: str) -> str:
-    return "".join(_GO_LOWER_TO_ASCII.get(c) or (c.lower() if c.isascii() else c) for c in text)
-
-
-def validate_endpoint(endpoint: str) -> None:
-    """Kubelet v1.38's ``validateEndpoint``: an absolute, plain path under 108 bytes.
-
-    "Plain" is decided as the kubelet decides it, by Go's ``url.Parse`` of
-    ``unix:<endpoint>`` (:func:`_go_url_parse`): no host, query or fragment,
-    and the parsed path equal to the endpoint. So a ``%`` escape (``%2e%2e``
-    would be dialled as ``..``), ``?``, ``#``, a leading ``//`` and control
-    characters are refused.
-    """
-    if not endpoint:
-        raise errors.RegistrationError("empty DRA plugin endpoint", reason="endpoint")
-    shown = _printable(endpoint)
-    if not endpoint.startswith("/"):  # filepath.IsAbs on Linux
-        raise errors.RegistrationError(
-            f"DRA plugin endpoint {shown!r} must be an absolute path", reason="endpoint"
-        )
-    raw = endpoint.encode("utf-8", "surrogatepass")
-    if len(raw) >= UNIX_PATH_MAX:
-        raise errors.RegistrationError(
-            f"DRA plugin endpoint {shown!r} must not be longer than {UNIX_PATH_MAX} bytes",
-            reason="endpoint",
-        )
-    parsed = _go_url_parse(b"unix:" + raw)
-    plain = parsed is not None and not (parsed.host or parsed.raw_query or parsed.fragment)
-    if not plain or (parsed is not None and (parsed.path or parsed.opaque) != raw):
-        raise errors.RegistrationError(
-            f"DRA plugin endpoint {shown!r} must be a plain path", reason="endpoint"
-        )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _GoURL:
-    host: bytes
-    raw_query: bytes
-    fragment: bytes
-    path: bytes
-    opaque: bytes
-
-
-def _go_url_parse(raw: bytes) -> _GoURL | None:
-    """Go's ``net/url.Parse`` (Go 1.26/1.27), reduced to the fields the endpoint check reads.
-
-    ``None`` where Go returns an error. Works on bytes, as Go does, so a
-    ``%ff`` decodes to a byte that is not UTF-8 and simply compares unequal.
-    The one simplification: the authority of ``//host/...`` is split off but
-    not validated as Go's ``parseHost`` would. It does not change the
-    verdict: with an authority, Go either fails, or finds a host, or leaves a
-    path shorter than the input, and each of those refuses the endpoint.
-    """
-    head, _, frag = raw.partition(b"#")
-    url = _go_parse(head)
-    if url is None or not frag:
-        return url
-    fragment = _go_unescape(frag)
-    if fragment is None:
-        return None
-    return dataclasses.replace(url, fragment=fragment)
-
-
-def _go_parse(raw: bytes) -> _GoURL | None:
-    if any(b < 0x20 or b == 0x7F for b in raw):
-        return None  # "net/url: invalid control character in URL"
-    scheme, rest = _go_scheme(raw)
-    if rest is None:
-        return None  # "missing protocol scheme"
-    if rest.endswith(b"?") and rest.count(b"?") == 1:
-        rest, query = rest[:-1], b""  # ForceQuery, RawQuery stays empty
-    else:
-        rest, _, query = rest.partition(b"?")
-    if not rest.startswith(b"/"):
-        if scheme:
-            return _GoURL(b"", query, b"", b"", rest)  # rootless: opaque
-        if b":" in rest.partition(b"/")[0]:
-            return None  # "first path segment in URL cannot contain colon"
-    host = b""
-    if (scheme or not rest.startswith(b"///")) and rest.startswith(b"//"):
-        authority, slash, tail = rest[2:].partition(b"/")
-        rest = slash + tail
-        host = authority.rpartition(b"@")[2]
-    path = _go_unescape(rest)
-    if path is None:
-        return None
-    return _GoURL(host, query, b"", path, b"")
-
-
-def _go_scheme(raw: bytes) -> tuple[bytes, bytes | None]:
-    # Go's getScheme: letters, then letters, digits, "+", "-" or "."; a ":"
-    # ends it (at position 0 it is an error); anything else means no scheme.
-    for i, b in enumerate(raw):
-        if chr(b).isascii() and chr(b).isalpha():
-            continue
-        if chr(b) in "0123456789+-.":
-            if i == 0:
-                return b"", raw
-            continue
-        if b == ord(":"):
-            return (b"", None) if i == 0 else (raw[:i].lower(), raw[i + 1 :])
-        return b"", raw
-    return b"", raw
-
-
-def _go_unescape(text: bytes) -> bytes | None:
-    # Go's unescape for paths and fragments: every "%" must start a valid
-    # "%XX" (else an error); "+" stays "+".
-    out = bytearray()
-    i = 0
-    while i < len(text):
-        if text[i] == ord("%"):
-            pair = text[i + 1 : i + 3]
-            if len(pair) < 2 or not all(chr(c) in "0123456789abcdefABCDEF" for c in pair):
-                return None
-            out.append(int(pair, 16))
-            i += 3
-        else:
-            out.append(text[i])
-            i += 1
-    return bytes(out)
-
-
-def validate_supported_services(versions: Sequence[str]) -> str:
-    """The DRA service the kubelet would use: the plugin's first supported entry.
-
-    Mirrors ``validateSupportedServices``: the plugin's order decides, health
-    strings never make validation fail.
-    """
-    if not versions:
-        raise errors.RegistrationError(
-            "empty list of supported gRPC services (aka supported versions)",
-            reason="supported_versions",
-        )
-    for service in versions:
-        if service in DRA_SERVICES:
-            return service
-    raise errors.RegistrationError(
-        f"none of the supported gRPC services {list(versions)} is one of {list(DRA_SERVICES)}",
-        reason="supported_versions",
-    )
-
-
-def make_plugin_info(
-    driver: str, endpoint: str, versions: Sequence[str], *, socket: str = ""
-) -> PluginInfo:
-    """Validate a registration (from GetInfo or static configuration).
-
-    In the kubelet's order: name, endpoint (an empty one means the
-    registration socket, as the plugin watcher fills it in), services.
-    """
-    validate_driver_name(driver)
-    endpoint = endpoint or socket
-    validate_endpoint(endpoint)
-    dra_service = validate_supported_services(versions)
-    return PluginInfo(
-        driver=driver,
-        endpoint=endpoint,
-        socket=socket,
-        supported_versions=tuple(versions),
-        dra_service=dra_service,
-        health_service=pick_health_service(versions),
-    )
-
-
-def plugin_info_from_proto(info: reg_pb2.PluginInfo, socket: str) -> PluginInfo:
-    """Validate a ``GetInfo`` answer; an empty endpoint means the socket itself."""
-    if info.type != DRA_PLUGIN_TYPE:
-        raise errors.RegistrationError(
-            f"plugin type {info.type!r} is not {DRA_PLUGIN_TYPE!r}", reason="plugin_type"
-        )
-    return make_plugin_info(info.name, info.endpoint, list(info.supported_versions), socket=socket)
-
-
-class _Retryable(errors.RegistrationError):
-    """A failure a later attempt can cure (no server yet, timeout, transient error).
-
-    ``kind`` (the gRPC code) keys the log-once set, since details vary per attempt.
-    """
-
-    def __init__(self, message: str, *, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-async def fetch_plugin_info(socket: str, *, role: settings_mod.Role, timeout: float) -> PluginInfo:
-    """Register one socket: GetInfo, validate, and (as owner) notify the plugin."""
-    async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
-        stub = reg_grpc.RegistrationStub(channel)
-        try:
-            answer = await stub.GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code().name
-            raise _Retryable(f"GetInfo failed: {code}: {exc.details()}", kind=code) from exc
-        try:
-            info = plugin_info_from_proto(answer, socket)
-        except errors.RegistrationError as exc:
-            if role is settings_mod.Role.OWNER:
-                await _notify(stub, registered=False, error=str(exc))
-            raise
-        if role is settings_mod.Role.OWNER:
-            await _notify(stub, registered=True, error="")
-        return info
-
-
-async def _notify(stub: reg_grpc.RegistrationStub, *, registered: bool, error: str) -> None:
-    status = reg_pb2.RegistrationStatus(plugin_registered=registered, error=error)
-    try:
-        await stub.NotifyRegistrationStatus(status, timeout=NOTIFY_TIMEOUT)
-    except grpc.aio.AioRpcError as exc:
-        # The kubelet keeps a plugin registered even when this call fails.
-        logger.warning("NotifyRegistrationStatus failed: %s", exc.code().name)
 
 
 @dataclasses.dataclass
@@ -452,7 +173,9 @@ class RegistryWatcher:
         # so a caller's first view already holds the running drivers.
         pending = [e.task for e in self._sockets.values() if e.task is not None]
         if pending:
-            await asyncio.wait(pending, timeout=self._settings.get_info_timeout + NOTIFY_TIMEOUT)
+            await asyncio.wait(
+                pending, timeout=self._settings.get_info_timeout + getinfo.NOTIFY_TIMEOUT
+            )
             await self._harvest()
 
     async def _loop(self) -> None:
@@ -578,7 +301,7 @@ class RegistryWatcher:
 
     async def _attempt(self, path: str) -> PluginInfo:
         try:
-            return await fetch_plugin_info(
+            return await getinfo.fetch_plugin_info(
                 path, role=self.role, timeout=self._settings.get_info_timeout
             )
         finally:
@@ -595,7 +318,9 @@ class RegistryWatcher:
                 self._failed(path, entry, exc)
                 continue
             except Exception as exc:  # a bug or an unexpected grpc error: retry
-                self._failed(path, entry, _Retryable(f"unexpected error: {exc!r}", kind="bug"))
+                self._failed(
+                    path, entry, getinfo.Retryable(f"unexpected error: {exc!r}", kind="bug")
+                )
                 continue
             entry.info, entry.attempts = info, 0
             self.failures.pop(path, None)
@@ -611,7 +336,7 @@ class RegistryWatcher:
     def _failed(self, path: str, entry: _Socket, exc: errors.RegistrationError) -> None:
         self.failures[path] = str(exc)
         self._log_once(path, str(exc), key=getattr(exc, "kind", str(exc)))
-        if not isinstance(exc, _Retryable):
+        if not isinstance(exc, getinfo.Retryable):
             entry.parked = True  # its answers will not change until the socket does
             self.refused[exc.reason or "other"] += 1
             return
@@ -641,7 +366,7 @@ class RegistryWatcher:
     def _log_once(self, path: str, reason: str, *, key: str | None = None) -> None:
         if (path, key or reason) not in self._logged:
             self._logged.add((path, key or reason))
-            logger.warning("ignoring plugin socket %s: %s", _printable(path), reason)
+            logger.warning("ignoring plugin socket %s: %s", printable(path), reason)
 
 
 def _cancel(entry: _Socket) -> None:
@@ -655,7 +380,3 @@ def _valid_utf8(name: str) -> bool:
     except UnicodeEncodeError:  # os.scandir maps undecodable bytes to lone surrogates
         return False
     return True
-
-
-def _printable(path: str) -> str:
-    return path.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -45,7 +45,7 @@ from kubelet_dra._proto.dra_health.v1 import api_pb2 as v1_pb2
 from kubelet_dra._proto.dra_health.v1 import api_pb2_grpc as v1_grpc
 from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2
 from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
-from kubelet_dra.plugin import registration
+from kubelet_dra.plugin import getinfo
 from kubelet_dra.state import healthinfo
 
 logger = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ def open_watch(channel: grpc.aio.Channel, service: str) -> Any:
 
 
 async def watch(
-    plugin: registration.PluginInfo,
+    plugin: getinfo.PluginInfo,
     status: EndpointStatus,
     *,
     settings: settings_mod.Settings,
@@ -291,7 +291,7 @@ def _delay(run: _Run, backoff: Backoff, settings: settings_mod.Settings) -> floa
 
 
 async def _reports(
-    plugin: registration.PluginInfo,
+    plugin: getinfo.PluginInfo,
     status: EndpointStatus,
     settings: settings_mod.Settings,
     run: _Run,

@@ -31,7 +31,7 @@ from typing import Any
 from kubelet_dra import errors, models
 from kubelet_dra import manager as manager_mod
 from kubelet_dra import settings as settings_mod
-from kubelet_dra.plugin import registration
+from kubelet_dra.plugin import getinfo, registration
 from kubelet_dra.status import claims, podstatus
 from tests.conformance import _drivers
 
@@ -72,7 +72,7 @@ class OurSide:
         self.claim_pods: dict[tuple[str, str], set[str]] = {}
         self.claim_devices: dict[tuple[str, str], list[claims.PreparedDevice]] = {}
         self.terminated: dict[str, tuple[claims.FrozenClaims, dict[models.DeviceKey, Any]]] = {}
-        self.endpoints: dict[str, registration.PluginInfo] = {}
+        self.endpoints: dict[str, getinfo.PluginInfo] = {}
 
     async def start(self) -> None:
         await self.manager.start()
@@ -85,7 +85,7 @@ class OurSide:
     async def register(self, driver: str, endpoint: str, services: Sequence[str]) -> str | None:
         """Register like the kubelet's handler; the refusal text, or None."""
         try:
-            info = registration.make_plugin_info(driver, endpoint, list(services))
+            info = getinfo.make_plugin_info(driver, endpoint, list(services))
         except errors.RegistrationError as exc:
             return str(exc) or type(exc).__name__
         if endpoint in self.endpoints:
@@ -107,7 +107,7 @@ class OurSide:
         status = self.manager.plugins.endpoints.get(endpoint)
         return None if status is None else (status.state.value, status.reports)
 
-    def driver_endpoint(self, driver: str) -> registration.PluginInfo | None:
+    def driver_endpoint(self, driver: str) -> getinfo.PluginInfo | None:
         """The newest registered endpoint of a driver (the kubelet's ``GetPlugin``)."""
         found = [i for i in self.endpoints.values() if i.driver == driver]
         return found[-1] if found else None

@@ -93,8 +93,11 @@ def main(test_one: Callable[[bytes], None], module_file: str) -> None:
         joined = work / "tokens.dict"
         joined.write_text("".join((DICT_ROOT / f"{n}.dict").read_text() for n in names))
         libfuzzer.append(f"-dict={joined}")
+    # libFuzzer's -merge=1 runs argv[0] again through the shell, joined with its flags:
+    # name the interpreter and the module, as this file is not executable.
+    again = f"{sys.executable} -m tests.fuzz.{target} --work {ns.work}"
     argv = [
-        sys.argv[0],
+        again if "-merge=1" in libfuzzer else sys.argv[0],
         *libfuzzer,
         f"-artifact_prefix={work}/",
         str(work / "corpus"),

@@ -31,7 +31,7 @@ with _harness.instrumented(__name__ == "__main__"):
 
     from kubelet_dra import errors
     from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg_pb2
-    from kubelet_dra.plugin import registration
+    from kubelet_dra.plugin import getinfo, validation
 
 _REASONS = {"driver_name", "endpoint", "plugin_type", "supported_versions"}
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?")
@@ -49,7 +49,7 @@ def _driver_ok(name: str) -> bool:
     size = len(name.encode("utf-8", "surrogatepass"))
     lowered = _lower(name)
     return (
-        0 < size <= registration.DRIVER_NAME_MAX_BYTES
+        0 < size <= validation.DRIVER_NAME_MAX_BYTES
         and len(lowered) <= 253
         and all(_LABEL.fullmatch(label) for label in lowered.split("."))
     )
@@ -60,7 +60,7 @@ def _endpoint_ok(endpoint: str) -> bool:
     return (
         raw.startswith(b"/")
         and not raw.startswith(b"//")
-        and len(raw) < registration.UNIX_PATH_MAX
+        and len(raw) < validation.UNIX_PATH_MAX
         and not any(b < 0x20 or b == 0x7F or b in b"?#%" for b in raw)
     )
 
@@ -79,9 +79,9 @@ def _names(data: bytes) -> None:
     head, _, tail = data.partition(b"\0")
     driver = head.decode("utf-8", "surrogateescape")
     endpoint = tail.decode("utf-8", "surrogateescape")
-    accepted = _verdict(registration.validate_driver_name, driver)
+    accepted = _verdict(validation.validate_driver_name, driver)
     assert accepted == _driver_ok(driver), (driver, accepted)
-    accepted = _verdict(registration.validate_endpoint, endpoint)
+    accepted = _verdict(validation.validate_endpoint, endpoint)
     assert accepted == _endpoint_ok(endpoint), (endpoint, accepted)
 
 
@@ -91,14 +91,14 @@ def _get_info(data: bytes) -> None:
     except message.DecodeError:
         return
     try:
-        plugin = registration.plugin_info_from_proto(info, _SOCKET)
+        plugin = getinfo.plugin_info_from_proto(info, _SOCKET)
     except errors.RegistrationError as exc:
         assert exc.reason in _REASONS, exc.reason
         return
     assert plugin.driver == info.name and _driver_ok(info.name), info
     assert plugin.endpoint == (info.endpoint or _SOCKET), info
-    assert plugin.dra_service in registration.DRA_SERVICES, info
-    assert plugin.health_service in (None, *registration.HEALTH_SERVICES), info
+    assert plugin.dra_service in getinfo.DRA_SERVICES, info
+    assert plugin.health_service in (None, *getinfo.HEALTH_SERVICES), info
 
 
 def test_one(data: bytes) -> None:

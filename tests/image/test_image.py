@@ -92,12 +92,49 @@ def test_the_report_names_every_package_and_the_size(builds: tuple[Any, Any, pat
     print(f"\nimage size: {first['layer_uncompressed_bytes'] / 1e6:.1f} MB as a tar, "
           f"{first['layer_bytes'] / 1e6:.1f} MB compressed")  # fmt: skip
     # Goal: 120 MB (issue 23); docs/deploy.md gives the figure and what it is made of.
-    assert first["layer_uncompressed_bytes"] < 150e6
+    assert first["layer_uncompressed_bytes"] < 120e6
 
 
 def test_version_matches_the_package(image: str) -> None:
     done = _podman.podman("run", "--rm", *_locked_down(), image, "--version")
     assert done.stdout.strip() == kubelet_dra.__version__, done
+
+
+# Run by the image's interpreter: every module of the package imports (prune.txt removed
+# none it needs), and the kubernetes modules they pulled in are listed.
+_IMPORT_ALL = """
+import importlib, pkgutil, sys, kubelet_dra
+names = [m.name for m in pkgutil.walk_packages(kubelet_dra.__path__, "kubelet_dra.")
+         if not m.name.endswith(".__main__")]
+for name in names:
+    importlib.import_module(name)
+print(len(names), sorted(n for n in sys.modules if n.startswith("kubernetes.client.")))
+"""
+
+
+def test_every_module_imports_and_both_commands_answer_help(image: str) -> None:
+    """What prune.txt left is enough to import the whole package and start both commands."""
+    python = ["--entrypoint", build.INTERPRETER]
+    done = _podman.podman("run", "--rm", *_locked_down(), *python, image, "-c", _IMPORT_ALL)
+    count, _, loaded = done.stdout.partition(" ")
+    expected = [m for m in _package_modules() if not m.endswith(".__main__")]
+    assert int(count) == len(expected), done
+    assert ".api." not in loaded and ".models." not in loaded, loaded
+    for script, words in (("kubelet-dra-health", ("run",)), ("kubectl-dra_health", ("devices",))):
+        entry = ["--entrypoint", f"/usr/local/bin/{script}"]
+        done = _podman.podman("run", "--rm", *_locked_down(), *entry, image, "--help")
+        assert all(w in done.stdout for w in words), done
+    # And the image is what the tests above ran: the generated modules are not in it.
+    site = f"/{build.SITE}/kubernetes/client"
+    code = f"import glob; print(len(glob.glob('{site}/*/[!_]*.py')))"
+    ls = _podman.podman("run", "--rm", *_locked_down(), *python, image, "-c", code)
+    assert ls.stdout.strip() == "0", ls
+
+
+def _package_modules() -> list[str]:
+    import pkgutil
+
+    return [m.name for m in pkgutil.walk_packages(kubelet_dra.__path__, "kubelet_dra.")]
 
 
 async def test_the_image_runs_like_the_daemonset(image: str) -> None:
@@ -122,6 +159,7 @@ async def test_the_image_runs_like_the_daemonset(image: str) -> None:
                            "--metrics-address", f"127.0.0.1:{port}")  # fmt: skip
             try:
                 await _check_running(name, api, driver, f"http://127.0.0.1:{port}")
+                await asyncio.to_thread(_check_plugin, image, kubeconfig)
             finally:
                 logs = _podman.podman("logs", name, check=False)
                 _podman.podman("rm", "-f", "-t", "2", name, check=False)
@@ -147,6 +185,17 @@ async def _check_running(name: str, api: FakeApiServer, driver: FakeDriver, url:
     await eventually(lambda: health_of(api, "train-a", "gpu-0") == "Unhealthy", timeout=30)
     await eventually(lambda: health_of(api, "train-b", "gpu-1") == "Healthy", timeout=30)
     _assert_locked_down(name)
+
+
+def _check_plugin(image: str, kubeconfig: pathlib.Path) -> None:
+    """``kubectl-dra_health devices`` in the image reads what the sidecar wrote."""
+    done = _podman.podman("run", "--rm", *_locked_down(),
+                          f"--volume={kubeconfig}:{CONTAINER_KUBECONFIG}:ro",
+                          "--entrypoint", "/usr/local/bin/kubectl-dra_health", image,
+                          "devices", "--all", "-o", "json",
+                          "--kubeconfig", CONTAINER_KUBECONFIG)  # fmt: skip
+    health = {item["device"]: item["health"] for item in json.loads(done.stdout)["items"]}
+    assert health == {"gpu-0": "Unhealthy", "gpu-1": "Healthy"}, done
 
 
 def _assert_up(name: str) -> None:

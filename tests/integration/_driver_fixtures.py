@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubelet_dra import models, settings
-from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.plugin import getinfo, plugins, registration
 from kubelet_dra.testing import FakeApiServer
 
 NODE = "node-1"
@@ -114,12 +114,12 @@ def device(
     return {"pool": pool, "device": name, "health": health, **extra}
 
 
-def plugin_of(driver: object) -> registration.PluginInfo:
+def plugin_of(driver: object) -> getinfo.PluginInfo:
     """The registration a watcher would produce for a ``FakeDriver``."""
     from kubelet_dra.testing import fakedriver
 
     assert isinstance(driver, fakedriver.FakeDriver)
-    return registration.make_plugin_info(
+    return getinfo.make_plugin_info(
         driver.name,
         str(driver.dra_socket),
         driver.supported_versions,
@@ -127,11 +127,11 @@ def plugin_of(driver: object) -> registration.PluginInfo:
     )
 
 
-async def register(manager: plugins.PluginManager, driver: object) -> registration.PluginInfo:
+async def register(manager: plugins.PluginManager, driver: object) -> getinfo.PluginInfo:
     info = plugin_of(driver)
     await manager.handle(registration.PluginEvent(registration.EventKind.REGISTER, info))
     return info
 
 
-async def deregister(manager: plugins.PluginManager, info: registration.PluginInfo) -> None:
+async def deregister(manager: plugins.PluginManager, info: getinfo.PluginInfo) -> None:
     await manager.handle(registration.PluginEvent(registration.EventKind.DEREGISTER, info))

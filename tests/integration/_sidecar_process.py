@@ -202,7 +202,7 @@ class SidecarProcess:
             raise SidecarExited(f"sidecar exited {self.proc.returncode}; stderr:\n{self.log}")
 
     async def until(
-        self, predicate: Callable[[], T], timeout: float = 15.0, what: str | None = None
+        self, predicate: Callable[[], T], timeout: float = 30.0, what: str | None = None
     ) -> T:
         """:func:`eventually` while the sidecar runs; fail with its log at the deadline or if
         it exits. The default allows for a slow start of a new interpreter on a loaded

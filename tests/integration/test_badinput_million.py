@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from kubelet_dra import clock
-from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.plugin import getinfo, plugins, registration
 from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import eventually
 
@@ -75,7 +75,7 @@ async def test_huge_report_is_refused_with_a_reason_and_memory_stays_bounded(
     try:
         assert sender.stdout is not None
         size = int(await asyncio.wait_for(sender.stdout.readline(), 30))
-        info = registration.make_plugin_info(
+        info = getinfo.make_plugin_info(
             "huge.example.com", str(sock), ["v1.DRAPlugin", "v1.DRAResourceHealth"]
         )
         cache = healthinfo.HealthCache()

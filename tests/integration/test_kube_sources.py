@@ -27,6 +27,9 @@ async def _requests_for(pods: int, others: int) -> tuple[int, int, int]:
         for n in range(pods):
             t.pod_with_gpu(f"p{n}", f"gpu-{n}")
         await eventually(lambda: t.pods.claims_synced, timeout=10)
+        # Each pod's devices read Unknown, so each pod gets one status write: wait for them
+        # all before the quiet window (on a loaded machine a write can come after 0.15 s).
+        await eventually(lambda: len(t.server.status_writes()) >= pods, timeout=10)
         await h.settled(t)
         claim_lists = t.server.count("GET", r"/resourceclaims$")
         claim_gets = t.server.count("GET", r"/resourceclaims/[^/]+$")

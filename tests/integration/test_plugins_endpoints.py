@@ -17,7 +17,7 @@ import pathlib
 import pytest
 
 from kubelet_dra import clock, models
-from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.plugin import getinfo, plugins, registration
 from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import eventually, fakedriver
 
@@ -92,7 +92,7 @@ async def test_over_the_bound_the_oldest_stream_stops_not_the_newest(
         for i in range(bound + extra):  # endpoint paths of one driver process
             alias = aliases / f"e{i}.sock"
             alias.symlink_to(drv.dra_socket)
-            infos.append(registration.make_plugin_info(DRIVER, str(alias), drv.supported_versions))
+            infos.append(getinfo.make_plugin_info(DRIVER, str(alias), drv.supported_versions))
         for info in infos[:bound]:
             await manager.handle(registration.PluginEvent(registration.EventKind.REGISTER, info))
         await drv.set_health(device("pool", "gpu-0"))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kubelet_dra import clock, settings
-from kubelet_dra.plugin import registration
+from kubelet_dra.plugin import getinfo, registration
 from kubelet_dra.testing import eventually, fakedriver
 
 from ._driver_fixtures import Events, make_settings
@@ -28,7 +28,7 @@ async def watching(
     *,
     role: settings.Role = OBSERVER,
     clk: clock.Clock | None = None,
-    static: tuple[registration.PluginInfo, ...] = (),
+    static: tuple[getinfo.PluginInfo, ...] = (),
     **overrides: Any,
 ) -> AsyncIterator[tuple[registration.RegistryWatcher, Events]]:
     events = Events()
@@ -261,7 +261,7 @@ async def test_static_plugins_register_without_a_registry(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
-    static = registration.make_plugin_info(
+    static = getinfo.make_plugin_info(
         "cpu.example.com", "/run/cpu/dra.sock", ["v1beta1.DRAPlugin", "v1.DRAResourceHealth"]
     )
     events = Events()

@@ -25,7 +25,7 @@ import sys
 import time
 
 from kubelet_dra import clock, models
-from kubelet_dra.plugin import plugins, registration
+from kubelet_dra.plugin import getinfo, plugins, registration
 from kubelet_dra.state import healthinfo
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 from kubelet_dra.testing.fakedriver_control import FakeDriverClient
@@ -163,7 +163,7 @@ async def test_report_flood_from_another_process_keeps_memory_bounded(
     try:
         assert proc.stdout is not None
         ready = json.loads(await asyncio.wait_for(proc.stdout.readline(), 20))
-        info = registration.make_plugin_info(
+        info = getinfo.make_plugin_info(
             ready["driver"], ready["dra_socket"], ["v1.DRAPlugin", "v1.DRAResourceHealth"]
         )
         cache = healthinfo.HealthCache()
@@ -209,7 +209,7 @@ async def test_concurrent_streams_per_driver_are_bounded(sockdir: pathlib.Path) 
         for i in range(bound + extra):  # endpoint paths of one driver
             alias = aliases / f"e{i}.sock"
             alias.symlink_to(drv.dra_socket)
-            info = registration.make_plugin_info(drv.name, str(alias), drv.supported_versions)
+            info = getinfo.make_plugin_info(drv.name, str(alias), drv.supported_versions)
             await mgr.handle(registration.PluginEvent(registration.EventKind.REGISTER, info))
         await drv.set_health({"pool": "p", "device": "d", "health": "Healthy"})
         await drv.wait_for_streams(bound)

@@ -6,8 +6,8 @@ go1.27.3 toolchain from the module proxy) for each driver name or endpoint on it
 stdin. We feed it the fixed cases of ``tests/unit/test_registration_validation.py``
 plus seeded random names and endpoints built from the characters that matter to Go's
 ``url.Parse``, ``strings.ToLower`` and the DNS-1123 pattern, and require the same
-verdict from :func:`registration.validate_driver_name` and
-:func:`registration.validate_endpoint` for every one.
+verdict from :func:`validation.validate_driver_name` and
+:func:`validation.validate_endpoint` for every one.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import subprocess
 import pytest
 
 from kubelet_dra import errors
-from kubelet_dra.plugin import registration
+from kubelet_dra.plugin import validation
 
 from . import _build
 
@@ -62,7 +62,7 @@ def _cases() -> list[tuple[str, str]]:
 
 
 def _ours(kind: str, text: str) -> bool:
-    check = registration.validate_driver_name if kind == "name" else registration.validate_endpoint
+    check = validation.validate_driver_name if kind == "name" else validation.validate_endpoint
     try:
         check(text)
     except errors.RegistrationError:

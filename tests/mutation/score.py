@@ -33,14 +33,14 @@ MODULES = {
     "kube/patchplan": "kubelet_dra/kube/patchplan.py",
     "kube/podstate": "kubelet_dra/kube/podstate.py",
     "taints": "kubelet_dra/taints.py",
-    "registration": "kubelet_dra/plugin/registration.py",
+    "validation": "kubelet_dra/plugin/validation.py",
     "store": "kubelet_dra/state/store.py",
 }
 
 # Functions in scope per module, as mutmut names them (``x_<name>`` for a function,
 # ``xǁ<Class>ǁ<method>`` for a method); ``*`` where the whole module is in scope.
 SCOPE: dict[str, tuple[str, ...]] = {
-    "registration": (
+    "validation": (
         "x_validate_driver_name",
         "x__go_lower",
         "x_validate_endpoint",
@@ -48,7 +48,7 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "x__go_parse",
         "x__go_scheme",
         "x__go_unescape",
-        "x__printable",
+        "x_printable",
     ),
     "store": (
         "x__upsert",
@@ -71,24 +71,24 @@ _SHORTER = (
 )
 _SQL_CASE = "SQLite's keywords, identifiers and function names are case-insensitive"
 EQUIVALENT: dict[str, str] = {
-    "kubelet_dra.plugin.registration.x__go_lower__mutmut_6": (
+    "kubelet_dra.plugin.validation.x__go_lower__mutmut_6": (
         "lower-cases non-ASCII characters too: of all non-ASCII characters only the "
         "Kelvin sign lower-cases to ASCII, and it is in _GO_LOWER_TO_ASCII; every other "
         "stays non-ASCII and fails the subdomain pattern either way"
     ),
-    "kubelet_dra.plugin.registration.x_validate_driver_name__mutmut_22": (
+    "kubelet_dra.plugin.validation.x_validate_driver_name__mutmut_22": (
         "`> 253` to `>= 253`: unreachable, a name that got past the 63-byte check has at "
         "most 63 characters, and _go_lower maps one character to one"
     ),
-    "kubelet_dra.plugin.registration.x_validate_endpoint__mutmut_28": _CODEC,
-    "kubelet_dra.plugin.registration.x__printable__mutmut_7": _CODEC,
-    "kubelet_dra.plugin.registration.x__printable__mutmut_11": _CODEC,
-    "kubelet_dra.plugin.registration.x_validate_endpoint__mutmut_42": (
+    "kubelet_dra.plugin.validation.x_validate_endpoint__mutmut_28": _CODEC,
+    "kubelet_dra.plugin.validation.x_printable__mutmut_7": _CODEC,
+    "kubelet_dra.plugin.validation.x_printable__mutmut_11": _CODEC,
+    "kubelet_dra.plugin.validation.x_validate_endpoint__mutmut_42": (
         "'unix:' to 'UNIX:': Go lower-cases the scheme, and the port keeps only whether "
         "there is one"
     ),
-    "kubelet_dra.plugin.registration.x_validate_endpoint__mutmut_47": _SHORTER,
-    "kubelet_dra.plugin.registration.x_validate_endpoint__mutmut_48": _SHORTER,
+    "kubelet_dra.plugin.validation.x_validate_endpoint__mutmut_47": _SHORTER,
+    "kubelet_dra.plugin.validation.x_validate_endpoint__mutmut_48": _SHORTER,
     "kubelet_dra.state.store.x__upsert__mutmut_7": _SQL_CASE,
     "kubelet_dra.state.store.x__upsert__mutmut_9": _SQL_CASE,
     "kubelet_dra.state.store.x__upsert__mutmut_10": _SQL_CASE,

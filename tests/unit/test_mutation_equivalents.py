@@ -15,7 +15,7 @@ DOC = pathlib.Path(__file__).parents[2] / "docs" / "testing.md"
 
 
 def _short(name: str) -> tuple[str, str]:
-    # "kubelet_dra.plugin.registration.x__printable__mutmut_7" -> ("registration._printable", "7"):
+    # "kubelet_dra.plugin.registration.x__printable__mutmut_7" -> ("validation.printable", "7"):
     # the docs name a function by the module's label in score.MODULES.
     function, number = name.rsplit("__mutmut_", 1)
     label = next(m for m in score.MODULES if function.startswith(score.dotted(m) + "."))

@@ -8,7 +8,7 @@ import pytest
 
 from kubelet_dra import errors
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg_pb2
-from kubelet_dra.plugin import registration
+from kubelet_dra.plugin import getinfo
 
 DRA = "v1.DRAPlugin"
 
@@ -29,7 +29,7 @@ DRA = "v1.DRAPlugin"
     ids=["no-health", "nil", "v1alpha1-only", "v1-only", "both-prefers-v1", "v1beta1-health"],
 )
 def test_pick_health_service(versions: list[str] | None, expected: str | None) -> None:
-    assert registration.pick_health_service(versions) == expected
+    assert getinfo.pick_health_service(versions) == expected
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_pick_health_service(versions: list[str] | None, expected: str | None) -
     ids=["v1-first", "plugin-order-decides", "health-ignored"],
 )
 def test_dra_service_is_the_plugins_first_supported(versions: list[str], expected: str) -> None:
-    assert registration.validate_supported_services(versions) == expected
+    assert getinfo.validate_supported_services(versions) == expected
 
 
 @pytest.mark.parametrize(
@@ -55,15 +55,15 @@ def test_dra_service_is_the_plugins_first_supported(versions: list[str], expecte
 )
 def test_invalid_version_lists_are_refused(versions: list[str], message: str) -> None:
     with pytest.raises(errors.RegistrationError, match=re.escape(message)):
-        registration.validate_supported_services(versions)
+        getinfo.validate_supported_services(versions)
 
 
 def test_get_info_answer_with_empty_endpoint_uses_the_registration_socket() -> None:
     answer = reg_pb2.PluginInfo(
         type="DRAPlugin", name="gpu.example.com", supported_versions=["v1.DRAPlugin"]
     )
-    info = registration.plugin_info_from_proto(answer, "/reg/gpu-reg.sock")
-    assert info == registration.PluginInfo(
+    info = getinfo.plugin_info_from_proto(answer, "/reg/gpu-reg.sock")
+    assert info == getinfo.PluginInfo(
         driver="gpu.example.com",
         endpoint="/reg/gpu-reg.sock",
         socket="/reg/gpu-reg.sock",
@@ -89,4 +89,4 @@ def test_get_info_answer_with_empty_endpoint_uses_the_registration_socket() -> N
 )
 def test_get_info_answers_that_are_refused(answer: reg_pb2.PluginInfo, message: str) -> None:
     with pytest.raises(errors.RegistrationError, match=message):
-        registration.plugin_info_from_proto(answer, "/reg/x.sock")
+        getinfo.plugin_info_from_proto(answer, "/reg/x.sock")

@@ -12,7 +12,7 @@ import pytest
 
 from kubelet_dra import errors
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg_pb2
-from kubelet_dra.plugin import registration
+from kubelet_dra.plugin import getinfo, validation
 
 OK = None
 
@@ -56,10 +56,10 @@ OK = None
 )
 def test_driver_name(name: str, refusal: str | None) -> None:
     if refusal is OK:
-        registration.validate_driver_name(name)
+        validation.validate_driver_name(name)
         return
     with pytest.raises(errors.RegistrationError, match=refusal) as caught:
-        registration.validate_driver_name(name)
+        validation.validate_driver_name(name)
     assert caught.value.reason == "driver_name"
 
 
@@ -114,10 +114,10 @@ def test_driver_name(name: str, refusal: str | None) -> None:
 )
 def test_endpoint(endpoint: str, refusal: str | None) -> None:
     if refusal is OK:
-        registration.validate_endpoint(endpoint)
+        validation.validate_endpoint(endpoint)
         return
     with pytest.raises(errors.RegistrationError, match=refusal) as caught:
-        registration.validate_endpoint(endpoint)
+        validation.validate_endpoint(endpoint)
     assert caught.value.reason == "endpoint"
 
 
@@ -138,25 +138,25 @@ def test_get_info_is_validated_in_the_kubelets_order(
         type="DRAPlugin", name=name, endpoint=endpoint, supported_versions=versions
     )
     if reason is None:
-        assert registration.plugin_info_from_proto(answer, "/reg/x.sock").endpoint == endpoint
+        assert getinfo.plugin_info_from_proto(answer, "/reg/x.sock").endpoint == endpoint
         return
     with pytest.raises(errors.RegistrationError) as caught:
-        registration.plugin_info_from_proto(answer, "/reg/x.sock")
+        getinfo.plugin_info_from_proto(answer, "/reg/x.sock")
     assert caught.value.reason == reason
 
 
 def test_an_empty_endpoint_is_the_socket_and_the_socket_is_validated() -> None:
     answer = reg_pb2.PluginInfo(type="DRAPlugin", name="g.io", supported_versions=["v1.DRAPlugin"])
     with pytest.raises(errors.RegistrationError, match="longer than 108 bytes"):
-        registration.plugin_info_from_proto(answer, "/" + "r" * 120)
+        getinfo.plugin_info_from_proto(answer, "/" + "r" * 120)
 
 
 def test_static_plugins_are_validated_too() -> None:
     with pytest.raises(errors.RegistrationError, match="must be an absolute path"):
-        registration.make_plugin_info("gpu.example.com", "dra.sock", ["v1.DRAPlugin"])
+        getinfo.make_plugin_info("gpu.example.com", "dra.sock", ["v1.DRAPlugin"])
 
 
-# The port of Go's net/url.Parse (registration._go_url_parse) on its own, beyond the
+# The port of Go's net/url.Parse (validation._go_url_parse) on its own, beyond the
 # "unix:" + absolute path that validate_endpoint hands it: the scheme rules of Go's
 # getScheme, relative and opaque URLs, authority, query and fragment splitting, and
 # the %-decoding of unescape. Each row is what Go's url.Parse gives for the input
@@ -234,7 +234,7 @@ GO_URL_PARSE = [
 
 @pytest.mark.parametrize(("raw", "expected"), GO_URL_PARSE, ids=[repr(r) for r, _ in GO_URL_PARSE])
 def test_go_url_parse(raw: bytes, expected: tuple[bytes, ...] | None) -> None:
-    parsed = registration._go_url_parse(raw)
+    parsed = validation._go_url_parse(raw)
     if expected is None:
         assert parsed is None
         return
@@ -274,18 +274,18 @@ GO_UNESCAPE = [
 
 @pytest.mark.parametrize(("text", "expected"), GO_UNESCAPE, ids=[repr(t) for t, _ in GO_UNESCAPE])
 def test_go_unescape(text: bytes, expected: bytes | None) -> None:
-    assert registration._go_unescape(text) == expected
+    assert validation._go_unescape(text) == expected
 
 
 def test_a_refusal_shows_an_undecodable_name_escaped() -> None:
     # os.scandir gives undecodable bytes as lone surrogates: the message (a log line and
     # the plugin's NotifyRegistrationStatus error, a protobuf string) must stay UTF-8.
     for call, value, shown in [
-        (registration.validate_driver_name, "gpu\udcff", "gpu\\udcff"),
-        (registration.validate_driver_name, "\udcff" * 64, "\\udcff" * 64),
-        (registration.validate_endpoint, "run/\udcff.sock", "run/\\udcff.sock"),
-        (registration.validate_endpoint, "/" + "\udcff" * 40, "/" + "\\udcff" * 40),
-        (registration.validate_endpoint, "/x?\udcff", "/x?\\udcff"),
+        (validation.validate_driver_name, "gpu\udcff", "gpu\\udcff"),
+        (validation.validate_driver_name, "\udcff" * 64, "\\udcff" * 64),
+        (validation.validate_endpoint, "run/\udcff.sock", "run/\\udcff.sock"),
+        (validation.validate_endpoint, "/" + "\udcff" * 40, "/" + "\\udcff" * 40),
+        (validation.validate_endpoint, "/x?\udcff", "/x?\\udcff"),
     ]:
         with pytest.raises(errors.RegistrationError) as caught:
             call(value)
@@ -321,17 +321,17 @@ def test_driver_name_edges(name: str, refusal: str | None) -> None:
 
 def test_driver_name_refusals_say_why() -> None:
     with pytest.raises(errors.RegistrationError) as caught:
-        registration.validate_driver_name("Bad_Name")
+        validation.validate_driver_name("Bad_Name")
     assert str(caught.value) == (
         "invalid DRA driver name 'Bad_Name': a lowercase RFC 1123 subdomain must consist of "
         "lower case alphanumeric characters, '-' or '.', and must start and end with an "
         "alphanumeric character (checked after lower-casing)"
     )
     with pytest.raises(errors.RegistrationError) as caught:
-        registration.validate_driver_name("a" * 64)
+        validation.validate_driver_name("a" * 64)
     assert str(caught.value) == f"invalid DRA driver name {'a' * 64!r}: longer than 63 bytes"
     with pytest.raises(errors.RegistrationError) as caught:
-        registration.validate_driver_name("")
+        validation.validate_driver_name("")
     assert str(caught.value) == "invalid DRA driver name: empty"
 
 
@@ -345,6 +345,6 @@ def test_endpoint_refusals_say_why() -> None:
     }
     for endpoint, message in cases.items():
         with pytest.raises(errors.RegistrationError) as caught:
-            registration.validate_endpoint(endpoint)
+            validation.validate_endpoint(endpoint)
         assert str(caught.value) == message
         assert caught.value.reason == "endpoint"
