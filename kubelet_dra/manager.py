@@ -438,6 +438,7 @@ class DRAHealthManager:
             kubelet_removes_field=bool(stats and stats.kubelet_removes),
             field_removals=stats.field_removals if stats else 0,
             now=now,
+            loop_tasks=_live_tasks(),
             **_taint_metrics(self.taints),
         )
 
@@ -495,3 +496,11 @@ def _taint_metrics(bridge: taintloop.TaintBridge | None) -> dict[str, Any]:
         "taint_rules": {**dict.fromkeys(taintplan.EFFECTS, 0), **bridge.rules_by_effect()},
         "taint_writes": {**writes, **bridge.writes},
     }
+
+
+def _live_tasks() -> int:
+    # Called on the loop (metric_state); outside a running loop there are none to count.
+    try:
+        return sum(1 for task in asyncio.all_tasks() if not task.done())
+    except RuntimeError:
+        return 0

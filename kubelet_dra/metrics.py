@@ -90,6 +90,8 @@ class State:
     taint_bridge: str | None = None  # starting, active or off; None: off by configuration
     taint_rules: Mapping[str, int] = dataclasses.field(default_factory=dict)  # by effect
     taint_writes: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    #: asyncio tasks alive on the event loop (a leak of tasks shows as a rising count).
+    loop_tasks: int = 0
 
 
 class Metrics:
@@ -128,6 +130,7 @@ class _Collector(registry.Collector):
         yield from _device_metrics(state)
         yield from _writer_metrics(state)
         yield from _store_metrics(state)
+        yield _loop_metrics(state)
         if state.taint_bridge is not None:
             yield from _taint_metrics(state)
 
@@ -220,6 +223,12 @@ def _device_metrics(state: State) -> Iterator[core.Metric]:
     expiries.add_metric([], state.lease_expiries)
     yield devices
     yield expiries
+
+
+def _loop_metrics(state: State) -> core.Metric:
+    tasks = _gauge("event_loop_tasks", "asyncio tasks alive on the event loop.", [])
+    tasks.add_metric([], state.loop_tasks)
+    return tasks
 
 
 def _writer_metrics(state: State) -> Iterator[core.Metric]:

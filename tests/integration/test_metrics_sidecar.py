@@ -59,6 +59,8 @@ FAMILIES = {
     "kubelet_dra_field_removals": "counter",
     # issue 22: connections and requests the metrics port refused, by reason
     "kubelet_dra_metrics_server_refused": "counter",
+    # issue 22 (the soak): asyncio tasks alive on the event loop
+    "kubelet_dra_event_loop_tasks": "gauge",
 }
 
 

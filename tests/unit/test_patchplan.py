@@ -113,10 +113,14 @@ def test_a_container_status_that_does_not_exist_is_never_added() -> None:
 
 
 @pytest.mark.parametrize(
-    "message", ["é", "a<b", "a&b", "bell\x07"], ids=["utf8", "lt", "amp", "ctl"]
+    "message",
+    ["é", "XID 79 ✗", "🙂", "a<b", "a&b", "bell\x07"],
+    ids=["utf8", "utf8-beyond-latin1", "astral", "lt", "amp", "ctl"],
 )
 def test_values_go_encodes_differently_are_guarded_by_resource_version(message: str) -> None:
-    # The apiserver compares scalars by raw JSON text; these never match.
+    # The apiserver compares scalars by raw JSON text; these never match. Python's
+    # json.dumps escapes every non-ASCII character (\u2717), Go keeps it as UTF-8: the
+    # soak found "✗" (beyond Latin-1) tested as is, every change from it refused (422).
     current = pod([entry("Unhealthy", message)], [])
     plan = patchplan.plan(current, desired(entry("Healthy")), now=NOW)
     assert plan is not None

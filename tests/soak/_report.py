@@ -1,0 +1,253 @@
+"""The soak's verdict and its outputs: summary.json, summary.md (the table), samples.csv, a PNG.
+
+:func:`judge` turns a finished :class:`~tests.soak._run.Soak` into the summary: each
+check with its figure, its bound and ``ok``. Resource slopes are fitted with
+:func:`~tests.soak._checks.pooled_slope` on the samples after the first
+:func:`settle` seconds and after each sidecar life's first :data:`LIFE_WARMUP`
+seconds (its imports, caches and first lists).
+
+Bounds (per hour, of the pooled slope): :data:`LONG` for runs of 25 minutes or more
+(the issue's: RSS below 2 MB an hour; fds and tasks "0", read as at most 10 an hour:
+the soak restarts a driver about 20 times an hour and the proxy breaks about 100 API
+connections, so a leak of one per event is 20 to 100 an hour, while the counts
+themselves move by a few as streams and connections come and go); :data:`SHORT`
+for the CI's 3 minutes, where a life lasts a minute and only a gross leak can show.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from typing import TYPE_CHECKING, Any
+
+from . import _checks as checks
+from . import _schedule as plan
+
+if TYPE_CHECKING:
+    from ._run import Soak
+
+LIFE_WARMUP = 120.0
+SERIES = ("rss_mb", "fds", "tasks", "threads", "state_mb")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """Largest allowed pooled slope of each series, per hour."""
+
+    rss_mb: float
+    fds: float
+    tasks: float
+    threads: float
+    state_mb: float
+
+
+LONG = Bounds(rss_mb=2.0, fds=10.0, tasks=10.0, threads=10.0, state_mb=1.0)
+SHORT = Bounds(rss_mb=60.0, fds=120.0, tasks=120.0, threads=120.0, state_mb=30.0)
+
+
+def bounds_for(minutes: float) -> Bounds:
+    return LONG if minutes >= 25 else SHORT
+
+
+def settle(minutes: float) -> float:
+    """Seconds at the start left out of the fits: 5 minutes, or a third of a short run."""
+    return min(300.0, minutes * 60 / 3)
+
+
+def slopes(soak: Soak) -> dict[str, float | None]:
+    starts = soak.world.sidecar_starts
+    skip = settle(soak.opts.minutes)
+    series: dict[str, list[tuple[int, float, float]]] = {name: [] for name in SERIES}
+    for row in soak.samples:
+        life = int(row["life"])
+        born = starts[life - 1] - soak.t0 if 0 < life <= len(starts) else 0.0
+        if row["t"] < skip or row["t"] < born + LIFE_WARMUP:
+            continue
+        values = dict(row)
+        if "state_bytes" in row:
+            values["state_mb"] = row["state_bytes"] / 2**20
+        for name in SERIES:
+            if values.get(name) is not None:
+                series[name].append((life, float(row["t"]), float(values[name])))
+    out = {}
+    for name, points in series.items():
+        slope = checks.pooled_slope(points)
+        out[name] = None if slope is None else slope * 3600
+    return out
+
+
+def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
+    bounds = bounds_for(soak.opts.minutes)
+    lost = [dataclasses.asdict(x) for x in soak.conv.lost]
+    if final["converged_after"] is None:
+        lost.append({"pod": "(final)", "wrong": final["wrong"]})
+    blips = checks.blips(soak.world, soak.proxy.writes, soak.t0)
+    refused = [dataclasses.asdict(r) for r in soak.proxy.refused]
+    fitted = slopes(soak)
+    resources = {name: _resource(fitted[name], getattr(bounds, name)) for name in SERIES}
+    lags = sorted(soak.conv.lags)
+    rows = [r for r in soak.samples]
+    minutes_run = (rows[-1]["t"] / 60) if rows else 0.0
+    summary = {
+        "seed": soak.opts.seed,
+        "minutes_planned": soak.opts.minutes,
+        "minutes_run": round(minutes_run, 2),
+        "faults": _fault_counts(soak),
+        "health_changes": len(soak.schedule.changes),
+        "status_writes_accepted": len(soak.proxy.writes),
+        "writes_per_minute": round(len(soak.proxy.writes) / max(minutes_run, 1e-9), 1),
+        "proxy_requests": soak.proxy.requests,
+        "proxy_injected": dict(soak.proxy.injected),
+        "patch_tests_failed": soak.proxy.test_failures,
+        "sidecar_lives": soak.sidecar.lives,
+        "lost_final_states": lost,
+        "convergence_bound_s": checks.BOUND,
+        "convergence_lag_s": {
+            "count": len(lags),
+            "p50": _pct(lags, 0.5),
+            "p99": _pct(lags, 0.99),
+            "max": lags[-1] if lags else None,
+        },
+        "final_convergence": final,
+        "unknown_blips": blips,
+        "refused_invalid": refused,
+        "resources": resources,
+        "peaks": _peaks(soak.samples),
+        "harness_errors": soak.errors + [f"proxy: {e}" for e in soak.proxy.errors],
+    }
+    summary["ok"] = (
+        not lost
+        and not blips
+        and not refused
+        and all(r["ok"] for r in resources.values())
+        and not summary["harness_errors"]
+    )
+    _write(soak, summary)
+    return summary
+
+
+def _resource(slope: float | None, bound: float) -> dict[str, Any]:
+    return {
+        "slope_per_hour": None if slope is None else round(slope, 3),
+        "bound_per_hour": bound,
+        "ok": slope is not None and abs(slope) <= bound,
+    }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 1)
+
+
+def _fault_counts(soak: Soak) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for event in soak.events:
+        counts[event["kind"]] = counts.get(event["kind"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _peaks(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("rss_mb", "fds", "tasks", "threads", "state_bytes", "pending", "wrong"):
+        values = [r[name] for r in samples if r.get(name) is not None]
+        out[name] = {"min": min(values), "max": max(values)} if values else None
+    return out
+
+
+def table(summary: dict[str, Any]) -> str:
+    """The summary as a Markdown table (docs/reliability.md takes the longest run's)."""
+    res = summary["resources"]
+    lag = summary["convergence_lag_s"]
+    peaks = summary["peaks"]
+
+    def slope(name: str, unit: str) -> str:
+        r = res[name]
+        value = "n/a" if r["slope_per_hour"] is None else f"{r['slope_per_hour']:+.2f}"
+        return f"{value} {unit}/h (bound ±{r['bound_per_hour']:g}) {'ok' if r['ok'] else 'FAIL'}"
+
+    def span(name: str, fmt: str = "{:g}") -> str:
+        p = peaks.get(name)
+        return "n/a" if not p else f"{fmt.format(p['min'])} to {fmt.format(p['max'])}"
+
+    faults = ", ".join(f"{k} {v}" for k, v in summary["faults"].items())
+    lines = [
+        "| | |",
+        "|---|---|",
+        f"| seed, length | {summary['seed']}, {summary['minutes_run']:.1f} min run "
+        f"({summary['minutes_planned']:g} planned) |",
+        f"| faults ({sum(summary['faults'].values())}) | {faults} |",
+        "| proxy answers injected | "
+        + ", ".join(f"{k} {v}" for k, v in summary["proxy_injected"].items())
+        + f" of {summary['proxy_requests']} requests |",
+        f"| health changes, sidecar lives | {summary['health_changes']}, "
+        f"{summary['sidecar_lives']} |",
+        f"| status writes accepted | {summary['status_writes_accepted']} "
+        f"({summary['writes_per_minute']:g} a minute) |",
+        f"| lost final states | {len(summary['lost_final_states'])} "
+        f"(bound {summary['convergence_bound_s']:g} s) |",
+        f"| convergence lag after a change or fault | p50 {lag['p50']} s, p99 {lag['p99']} s, "
+        f"max {lag['max'] and round(lag['max'], 1)} s ({lag['count']} episodes) |",
+        f"| final convergence | {summary['final_convergence']['converged_after']} s "
+        "after the run's end |",
+        f"| Unknown blips (lease running) | {len(summary['unknown_blips'])} |",
+        f"| writes refused as invalid | {len(summary['refused_invalid'])} "
+        f"(and {summary['patch_tests_failed']} JSON patches whose `test` failed: conflicts) |",
+        f"| RSS slope | {slope('rss_mb', 'MB')} (range {span('rss_mb', '{:.1f}')} MB) |",
+        f"| fds slope | {slope('fds', 'fds')} (range {span('fds')}) |",
+        f"| asyncio tasks slope | {slope('tasks', 'tasks')} (range {span('tasks')}) |",
+        f"| threads slope | {slope('threads', 'threads')} (range {span('threads')}) |",
+        f"| state file slope | {slope('state_mb', 'MB')} (range {span('state_bytes')} bytes) |",
+        f"| dirty pods (pending writes) | range {span('pending')} |",
+        f"| verdict | {'PASS' if summary['ok'] else 'FAIL'} |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _write(soak: Soak, summary: dict[str, Any]) -> None:
+    out = soak.opts.out
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out / "summary.md").write_text(table(summary))
+    keys = [
+        "t",
+        "life",
+        "rss_mb",
+        "fds",
+        "threads",
+        "tasks",
+        "state_bytes",
+        "pending",
+        "writes",
+        "wrong",
+    ]
+    with (out / "samples.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(soak.samples)
+    intervals = [
+        {
+            "part": i.part,
+            "kind": i.kind,
+            "start": i.start - soak.t0,
+            "end": (i.end or i.start) - soak.t0,
+        }
+        for i in soak.world.intervals
+        if i.start >= soak.t0
+    ]
+    (out / "faults.json").write_text(json.dumps(intervals, indent=1))
+    if soak.opts.chart:
+        try:
+            from . import _chart
+        except ImportError as exc:  # matplotlib is in tox -e soak, not in every env
+            print(f"soak: no chart ({exc})")
+            return
+        _chart.draw(soak.samples, intervals, out / "soak.png", title=_title(summary))
+
+
+def _title(summary: dict[str, Any]) -> str:
+    verdict = "PASS" if summary["ok"] else "FAIL"
+    return (
+        f"kubelet-dra soak: seed {summary['seed']}, {summary['minutes_run']:.1f} min, "
+        f"{sum(summary['faults'].values())} faults, {plan.PODS} pods: {verdict}"
+    )

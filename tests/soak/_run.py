@@ -1,0 +1,370 @@
+"""The soak's conductor: start the parts, play the schedule, sample once a second, judge.
+
+Parts (``tests/soak/_parts.py``): the real etcd and kube-apiserver of the interop suite
+(``tests/interop/_apiserver.py``, the cached binaries of ``tests/interop/_build.py``;
+restarted with ``tests/interop/_controlplane.py``), the fault proxy in front of it
+(``_faultproxy.py``: the sidecar's kubeconfig points at it), 3 fake drivers of 8 devices
+as processes, 30 pods in namespace ``soak`` on node ``soak-node``, and the sidecar.
+
+Each part has a worker thread that runs its faults in order (a fault on one part waits
+for the one before it; faults of different parts overlap); the main thread hands each
+fault and health change to its part's worker at its time in the schedule, and a sampler
+thread reads the pods, the sidecar's process and its ``/metrics`` every second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import queue
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import traceback
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import urlparse
+
+from kubelet_dra.testing import make_claim, make_pod
+from tests.interop import _build
+from tests.interop._apiserver import KubeApiServer, free_port, start_kube_apiserver
+from tests.interop._cluster import RealCluster
+from tests.interop._controlplane import start_apiserver, stop_apiserver
+
+from . import _checks as checks
+from . import _parts as parts
+from . import _schedule as plan
+from ._faultproxy import FaultProxy
+
+NAMESPACE = "soak"
+#: Pushes of the current report per flood tick, and ticks a second.
+FLOOD_BATCH, FLOOD_TICKS = 50, 10
+
+
+@dataclasses.dataclass
+class Options:
+    minutes: float
+    seed: int
+    out: Path
+    chart: bool = True
+
+
+class _Worker:
+    """Runs one part's actions in order, in its own thread; records failures."""
+
+    def __init__(self, name: str, errors: list[str]) -> None:
+        self.name = name
+        self.errors = errors
+        self.queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name=f"soak-{name}", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while (action := self.queue.get()) is not None:
+            try:
+                action()
+            except Exception:
+                self.errors.append(f"{self.name}: {traceback.format_exc(limit=3)}")
+
+    def close(self) -> None:
+        self.queue.put(None)
+
+
+class Soak:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.schedule = plan.make(opts.seed, opts.minutes)
+        self.world = checks.World()
+        self.errors: list[str] = []
+        self.samples: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.t0 = 0.0
+        self._stop = threading.Event()
+        self._exit = contextlib.ExitStack()
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        out = self.opts.out
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "schedule.json").write_text(json.dumps(self.schedule.to_json(), indent=1))
+        self.server = self._apiserver(out)
+        self.cluster = RealCluster(self.server)
+        self._exit.callback(self.cluster.close)
+        self.sockets = Path(tempfile.mkdtemp(prefix="kdra-soak-"))
+        self._exit.callback(shutil.rmtree, self.sockets, ignore_errors=True)
+        self.disk = parts.StateDisk(out / "state")
+        self._exit.callback(self.disk.close)
+        pki = self.server.workdir / "pki"
+        url = urlparse(self.server.url)
+        self.proxy = FaultProxy(
+            (url.hostname or "127.0.0.1", url.port or 443),
+            cert=pki / "serving.crt", key=pki / "serving.key", ca=self.server.ca_file,
+            seed=self.opts.seed,
+        )  # fmt: skip
+        self._exit.callback(self.proxy.stop)
+        self._pods()
+        self.drivers = [parts.Driver(i, self.sockets, out) for i in range(plan.DRIVERS)]
+        for driver in self.drivers:
+            self._exit.callback(driver.kill)
+            driver.start(self.world.reports(driver.index))
+        self.sidecar = parts.Sidecar(
+            kubeconfig=self._kubeconfig(out / "sidecar.kubeconfig"),
+            registry=self.sockets / "reg", state_dir=self.disk.path,
+            log=out / "sidecar.log", port=free_port(),
+        )  # fmt: skip
+        self._exit.callback(self.sidecar.signal, signal.SIGKILL)
+        self.sidecar.start()
+        self.sidecar.wait_ready()
+        self.world.sidecar_starts.append(time.time())
+
+    def _apiserver(self, out: Path) -> KubeApiServer:
+        server = start_kube_apiserver(
+            etcd_bin=_build.ensure("etcd"),
+            apiserver_bin=_build.ensure("kube-apiserver"),
+            workdir=out / "apiserver",
+            timeout=300.0,  # a loaded 2-core machine (load 50 seen) takes minutes
+        )
+        self._exit.callback(server.stop)
+        return server
+
+    def _kubeconfig(self, path: Path) -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "soak",
+                    "cluster": {
+                        "server": self.proxy.url,
+                        "certificate-authority": str(self.server.ca_file),
+                    },
+                }
+            ],
+            "users": [{"name": "soak", "user": {"token": self.server.admin_token}}],
+            "contexts": [{"name": "soak", "context": {"cluster": "soak", "user": "soak"}}],
+            "current-context": "soak",
+        }
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        return path
+
+    def _pods(self) -> None:
+        for name, (driver, device) in checks.pod_devices().items():
+            created = self.cluster.create_pod(
+                make_pod(name, parts.NODE, namespace=NAMESPACE, claims=[f"{name}-gpu"])
+            )
+            result = (parts.driver_name(driver), parts.POOL, parts.device_name(device), "gpu")
+            self.cluster.create_claim(
+                make_claim(
+                    f"{name}-gpu", NAMESPACE, [result], reserved_for=[created], node=parts.NODE
+                )
+            )
+
+    # -- reading -------------------------------------------------------------------------
+
+    def list_pods(self) -> dict[str, dict[str, Any]] | None:
+        try:
+            answer = self.cluster.core.list_namespaced_pod(
+                NAMESPACE, _preload_content=False, _request_timeout=5
+            )
+        except Exception:
+            return None
+        # _preload_content=False: the raw urllib3 answer, not the V1PodList of the stubs.
+        items: list[dict[str, Any]] = json.loads(cast(Any, answer).data)["items"]
+        return {p["metadata"]["name"]: p for p in items}
+
+    def scrape(self) -> dict[str, float]:
+        try:
+            with urllib.request.urlopen(f"{self.sidecar.metrics_url}/metrics", timeout=2) as a:
+                text = a.read().decode()
+        except OSError:
+            return {}
+        found = {}
+        for line in text.splitlines():
+            for name in ("kubelet_dra_event_loop_tasks", "kubelet_dra_pending_pods"):
+                if line.startswith(name + " "):
+                    found[name] = float(line.split()[1])
+        return found
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        print(self.schedule.table(), flush=True)
+        try:
+            self.setup()
+            self._first_convergence()
+            self.t0 = time.time()
+            self.conv = checks.Convergence(self.world, self.t0)
+            sampler = threading.Thread(target=self._sampler, name="soak-sampler", daemon=True)
+            sampler.start()
+            self._play()
+            final = self._final_convergence()
+            self._stop.set()
+            sampler.join(10)
+            return self._judge(final)
+        finally:
+            self._exit.close()
+
+    def _first_convergence(self, timeout: float = 120.0) -> None:
+        conv = checks.Convergence(self.world, time.time())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pods = self.list_pods()
+            if pods is not None and not conv.wrong(pods, time.time()):
+                return
+            time.sleep(0.5)
+        raise RuntimeError("the pods never showed the drivers' first reports")
+
+    def _final_convergence(self) -> dict[str, Any]:
+        end = time.time()
+        deadline = end + checks.BOUND
+        wrong: dict[str, Any] = {}
+        while time.time() < deadline:
+            pods = self.list_pods()
+            if pods is not None:
+                wrong = self.conv.wrong(pods, time.time())
+                if not wrong:
+                    return {"converged_after": round(time.time() - end, 1), "wrong": {}}
+            time.sleep(0.5)
+        return {"converged_after": None, "wrong": {k: str(v) for k, v in wrong.items()}}
+
+    def _play(self) -> None:
+        workers = {name: _Worker(name, self.errors) for name in plan.part_names()}
+        actions: list[tuple[float, str, Callable[[], None]]] = []
+        for fault in self.schedule.faults:
+            actions.append((fault.at, fault.part, self._fault_action(fault)))
+        for change in self.schedule.changes:
+            actions.append((change.at, f"driver-{change.driver}", self._change_action(change)))
+        actions.sort(key=lambda a: a[0])
+        for at, part, action in actions:
+            delay = self.t0 + at - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            workers[part].queue.put(action)
+        remaining = self.t0 + self.schedule.seconds - time.time()
+        if remaining > 0:
+            time.sleep(remaining)
+        for worker in workers.values():
+            worker.close()
+        for worker in workers.values():
+            worker.thread.join(300)
+
+    def _change_action(self, change: plan.Change) -> Callable[[], None]:
+        def act() -> None:
+            self.world.say(change.driver, change.device, change.health, change.message, time.time())
+            driver = self.drivers[change.driver]
+            driver.request(
+                "set_health", devices=self.world.reports(change.driver), resend=plan.RESEND
+            )
+
+        return act
+
+    def _fault_action(self, fault: plan.Fault) -> Callable[[], None]:
+        def act() -> None:
+            interval = self.world.begin(fault.part, fault.kind, time.time())
+            self.events.append(
+                {"at": time.time() - self.t0, "part": fault.part, "kind": fault.kind}
+            )
+            try:
+                self._apply(fault)
+            finally:
+                self.world.end(interval, time.time())
+
+        return act
+
+    def _apply(self, fault: plan.Fault) -> None:
+        kind, seconds = fault.kind, fault.seconds
+        if kind.startswith("sidecar-"):
+            sig = signal.SIGKILL if kind == "sidecar-sigkill" else signal.SIGTERM
+            code = self.sidecar.signal(sig)
+            if sig == signal.SIGTERM and code != 0:
+                self.errors.append(f"sidecar exited {code} on SIGTERM")
+            time.sleep(seconds)
+            self._restart_sidecar()
+        elif kind.startswith("driver-sigkill"):
+            index = int(fault.part.split("-")[1])
+            driver = self.drivers[index]
+            driver.kill()
+            self.world.driver_down(index, time.time())
+            time.sleep(seconds)
+            driver.start(self.world.reports(index), new_socket=kind.endswith("new-socket"))
+            self.world.driver_up(index, time.time())
+        elif kind == "driver-flood":
+            self._flood(self.drivers[int(fault.part.split("-")[1])], seconds)
+        elif kind == "apiserver-restart":
+            stop_apiserver(self.server)
+            time.sleep(seconds)
+            start_apiserver(self.server)
+        elif kind.startswith("proxy-"):
+            self.proxy.fault(kind.removeprefix("proxy-"), seconds)
+            time.sleep(seconds)
+            self.proxy.clear()
+        elif kind == "disk-full":
+            self.disk.fill()
+            time.sleep(seconds)
+            self.disk.unfill()
+        elif kind == "disk-readonly":
+            # A live remount read-only fails (EBUSY: SQLite holds the file open for
+            # writing), so the sidecar crashes and comes back on a read-only disk.
+            self.sidecar.signal(signal.SIGKILL)
+            self.disk.readonly(True)
+            self._restart_sidecar()
+            time.sleep(seconds)
+            self.disk.readonly(False)
+        else:
+            raise ValueError(kind)
+
+    def _restart_sidecar(self) -> None:
+        self.sidecar.start()
+        self.world.sidecar_starts.append(time.time())
+        self.sidecar.wait_ready()
+
+    def _flood(self, driver: parts.Driver, seconds: float) -> None:
+        # In its own thread: the driver's health changes go on during the flood.
+        def flood() -> None:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and not self._stop.is_set():
+                with contextlib.suppress(OSError, RuntimeError):
+                    driver.request("push", times=FLOOD_BATCH)
+                time.sleep(1 / FLOOD_TICKS)
+
+        thread = threading.Thread(target=flood, name="soak-flood", daemon=True)
+        thread.start()
+        thread.join()
+
+    def _sampler(self) -> None:
+        next_at = time.time()
+        while not self._stop.is_set():
+            next_at += 1.0
+            with contextlib.suppress(Exception):
+                self._sample()
+            time.sleep(max(0.0, next_at - time.time()))
+
+    def _sample(self) -> None:
+        now = time.time()
+        row: dict[str, Any] = {"t": round(now - self.t0, 2), "life": self.sidecar.lives}
+        pods = self.list_pods()
+        row["wrong"] = self.conv.sample(pods, now) if pods is not None else None
+        pid = self.sidecar.pid
+        stats = parts.proc_stats(pid) if pid else None
+        row.update(stats or {})
+        found = self.scrape()
+        row["tasks"] = found.get("kubelet_dra_event_loop_tasks")
+        row["pending"] = found.get("kubelet_dra_pending_pods")
+        with contextlib.suppress(OSError):
+            row["state_bytes"] = self.disk.state_bytes()
+        row["writes"] = len(self.proxy.writes)
+        self.samples.append(row)
+
+    # -- judging -------------------------------------------------------------------------
+
+    def _judge(self, final: dict[str, Any]) -> dict[str, Any]:
+        from . import _report
+
+        return _report.judge(self, final)

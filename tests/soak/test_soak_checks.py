@@ -1,0 +1,114 @@
+"""The soak's pure parts, in the default run (well under a second): the schedule, the slope
+fit, the lease rule of the blip check and the lost-state rule of the convergence check."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tests.soak import _checks as checks
+from tests.soak import _parts as parts
+from tests.soak import _schedule as plan
+from tests.soak._faultproxy import StatusWrite
+
+
+@pytest.mark.parametrize("minutes", [3, 15, 60])
+def test_the_schedule_is_seeded_has_every_kind_and_no_overlap_on_a_part(minutes: int) -> None:
+    first, again = plan.make(7, minutes), plan.make(7, minutes)
+    assert first == again
+    assert plan.make(8, minutes) != first
+    kinds = {f.kind for f in first.faults}
+    assert kinds == set(plan.DURATIONS), set(plan.DURATIONS) - kinds
+    for part in plan.part_names():
+        mine = sorted((f.at, f.at + f.seconds) for f in first.faults if f.part == part)
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(mine)), (part, mine)
+    end = minutes * 60 - plan.QUIET
+    assert all(f.at >= plan.WARMUP and f.at + f.seconds <= end + 1e-6 for f in first.faults)
+    assert all(c.at < minutes * 60 - 20 for c in first.changes)
+
+
+def test_the_pooled_slope_sees_a_leak_inside_every_life_despite_the_restarts() -> None:
+    # Each life starts 50 lower than the last ended: one line through all would fall.
+    samples = [
+        (life, 100.0 * life + t, 500 - 50 * life + 0.01 * t)
+        for life in range(4)
+        for t in range(100)
+    ]
+    slope = checks.pooled_slope(samples)
+    assert slope == pytest.approx(0.01)
+    assert checks.pooled_slope([(0, 1.0, 5.0)]) is None
+    flat = [(life, 100.0 * life + t, 7.0 + (t % 2)) for life in range(3) for t in range(100)]
+    assert abs(checks.pooled_slope(flat) or 0.0) < 1e-3
+
+
+def _world_with_outage(down: float, up: float | None) -> checks.World:
+    world = checks.World()
+    world.driver_down(0, down)
+    if up is not None:
+        world.driver_up(0, up)
+    return world
+
+
+def test_unknown_within_the_lease_is_a_blip_and_after_it_is_not() -> None:
+    world = _world_with_outage(1000.0, None)
+    stored = {
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "allocatedResourcesStatus": [
+                        {
+                            "name": "claim:c",
+                            "resources": [
+                                {"resourceID": parts.resource_id(0, 3), "health": "Unknown"}
+                            ],
+                        }
+                    ],
+                }
+            ]
+        }
+    }
+    early = StatusWrite(1000.0 + plan.LEASE / 2, "pod-03", stored)
+    late = StatusWrite(1000.0 + plan.LEASE + 1, "pod-03", stored)
+    assert len(checks.blips(world, [early], 0.0)) == 1
+    assert checks.blips(world, [late], 0.0) == []
+    # A sidecar restart during the outage promises only half the lease.
+    world.sidecar_starts.append(1005.0)
+    assert checks.blips(world, [early], 0.0) == []
+    assert len(checks.blips(world, [StatusWrite(1010.0, "pod-03", stored)], 0.0)) == 1
+
+
+def test_a_pod_that_stays_wrong_past_the_bound_is_a_lost_final_state() -> None:
+    world = checks.World()
+    world.say(0, 0, "Unhealthy", "XID 79", 100.0)
+    conv = checks.Convergence(world, 0.0)
+    conv.devices = {"pod-00": (0, 0)}
+    right = {"pod-00": _pod(parts.resource_id(0, 0), "Unhealthy", "XID 79")}
+    wrong = {"pod-00": _pod(parts.resource_id(0, 0), "Healthy", "")}
+    conv.sample(wrong, 110.0)
+    conv.sample(right, 120.0)
+    assert conv.lags == [pytest.approx(20.0)] and not conv.lost
+    world.say(0, 0, "Healthy", "", 200.0)
+    conv.sample(right, 230.0)
+    # A fault that stops the sidecar's writes moves the clock's start to its end.
+    interval = world.begin("proxy", "proxy-stall", 240.0)
+    world.end(interval, 250.0)
+    conv.sample(right, 300.0)
+    assert not conv.lost
+    conv.sample(right, 311.0)
+    assert [lost.pod for lost in conv.lost] == ["pod-00"]
+
+
+def _pod(resource: str, health: str, message: str) -> dict[str, object]:
+    entry = {"resourceID": resource, "health": health, **({"message": message} if message else {})}
+    return {
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "allocatedResourcesStatus": [{"name": "claim:c", "resources": [entry]}],
+                }
+            ]
+        }
+    }
