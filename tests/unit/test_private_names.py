@@ -119,7 +119,8 @@ def test_private_names_stay_where_they_are_defined(path: pathlib.Path) -> None:
 def test_the_checker_catches_each_kind_of_private_use(tmp_path: pathlib.Path) -> None:
     sample = PACKAGE / "commands" / "sample.py"  # never written: parsed from a string
     tree = ast.parse(
-        "from kubelet_dra import plugins, _taint_state\n"
+        "from kubelet_dra.kubectl import _model\n"
+        "from kubelet_dra.plugin import plugins\n"
         "import kubelet_dra.testing._eventually\n"
         "from kubelet_dra.kube.api import _error\n"
         "from kubelet_dra.testing import fakedriver\n"
@@ -128,11 +129,11 @@ def test_the_checker_catches_each_kind_of_private_use(tmp_path: pathlib.Path) ->
         "from kubelet_dra._proto.dra.v1 import api_pb2\n"
     )
     assert violations(sample, tree) == [
-        "private module kubelet_dra._taint_state imported from outside kubelet_dra",
+        "private module kubelet_dra.kubectl._model imported from outside kubelet_dra.kubectl",
         "private module kubelet_dra.testing._eventually imported from outside kubelet_dra.testing",
         "private name _error imported from kubelet_dra.kube.api",
         "private name fakedriver._unlink read from another module",
     ]
     # The same imports from a sibling of the private module are fine.
-    sibling = PACKAGE / "taintbridge.py"
-    assert violations(sibling, ast.parse("from kubelet_dra import _taint_state\n")) == []
+    sibling = PACKAGE / "kubectl" / "_cli.py"
+    assert violations(sibling, ast.parse("from kubelet_dra.kubectl import _model\n")) == []
