@@ -77,7 +77,7 @@ def _quiet_for(api: FakeApiServer, seconds: float) -> bool:
     return not stamps or time.time() - max(stamps) >= seconds
 
 
-async def _once(pods: int, seconds: float) -> dict[str, object]:
+async def _once(pods: int, seconds: float) -> dict[str, Any]:
     with c.short_tmpdir() as workdir, c.api_server() as api:
         layout = c.build_cluster(api, pods=pods, devices_per_pod=PER_POD, other_claims=10 * pods)
         async with c.DriverProcess(workdir, devices=pods * PER_POD, chunk=100) as drv:
