@@ -25,8 +25,11 @@ if os.environ.get("PYTHONHASHSEED") != "0" or not sys.dont_write_bytecode:
 
 import kubelet_dra
 
+# The test kit's pytest plugin needs the `pytest` extra, which the image does not install.
+EXTRA_ONLY = {"kubelet_dra.testing.pytest_plugin"}
+
 for module in pkgutil.walk_packages(kubelet_dra.__path__, "kubelet_dra."):
-    if not module.name.endswith(".__main__"):
+    if not module.name.endswith(".__main__") and module.name not in EXTRA_ONLY:
         importlib.import_module(module.name)
 files = sorted(
     {
