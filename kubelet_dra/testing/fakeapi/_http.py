@@ -13,6 +13,7 @@ import base64
 import contextlib
 import copy
 import json
+import logging
 import select
 import socket
 import threading
@@ -28,6 +29,8 @@ from kubelet_dra.testing.fakeapi import _ops as ops
 from kubelet_dra.testing.fakeapi import _status as status
 from kubelet_dra.testing.fakeapi import _store as storage
 from kubelet_dra.testing.fakeapi import _watch as watching
+
+logger = logging.getLogger(__name__)
 
 _VERSION = {"major": "1", "minor": "36", "gitVersion": "v1.36.0-fakeapi", "platform": "linux/amd64"}
 
@@ -62,6 +65,12 @@ class Server(ThreadingHTTPServer):
     def __init__(self, context: Context) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.context = context
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a request's exception to stderr; a client that goes away
+        # mid-request (a process stopping, a test's dropped connection) is routine for a
+        # stand-in. Log it instead, where the caller routes logs (the demo: a file).
+        logger.debug("request from %s failed", client_address, exc_info=True)
 
 
 def parse_route(path: str, types: generic.Types) -> Route | None:
