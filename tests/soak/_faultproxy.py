@@ -270,26 +270,33 @@ class _Request:
         return self.method.encode() in _WRITES
 
 
-def _read_request(reader: Any) -> _Request | None:
-    line = reader.readline(65537)
-    if not line:
-        return None
-    head = [line]
-    length = 0
+def _read_head(reader: Any) -> tuple[list[bytes], dict[bytes, bytes]] | None:
+    """A message's start line and headers as read (lines kept for relaying), and the
+    headers by lower-cased name (the last one wins); ``None`` at end of stream."""
+    lines: list[bytes] = []
+    headers: dict[bytes, bytes] = {}
     while True:
-        header = reader.readline(65537)
-        if not header:
+        line = reader.readline(65537)
+        if not line:
             return None
-        head.append(header)
-        if header in (b"\r\n", b"\n"):
-            break
-        name, _, value = header.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value.strip())
-        elif name.strip().lower() == b"transfer-encoding":
-            raise ValueError("chunked request bodies are not relayed")
+        lines.append(line)
+        if len(lines) > 1 and line in (b"\r\n", b"\n"):
+            return lines, headers
+        if len(lines) > 1:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+
+
+def _read_request(reader: Any) -> _Request | None:
+    read = _read_head(reader)
+    if read is None:
+        return None
+    head, headers = read
+    if b"transfer-encoding" in headers:
+        raise ValueError("chunked request bodies are not relayed")
+    length = int(headers.get(b"content-length", b"0"))
     body = reader.read(length) if length else b""
-    method, path, _ = line.decode("latin-1").split(" ", 2)
+    method, path, _ = head[0].decode("latin-1").split(" ", 2)
     return _Request(method, path, b"".join(head) + body, body)
 
 
@@ -298,25 +305,13 @@ def _relay_response(
 ) -> tuple[int, bytes, bytes | None]:
     """Copy one response from the upstream ``reader`` to ``conn``; return its status, head
     and body (the body only when ``capture``, de-chunked)."""
-    head_lines = [reader.readline(65537)]
-    if not head_lines[0]:
+    read = _read_head(reader)
+    if read is None:
         raise _Closed
+    head_lines, headers = read
     status = int(head_lines[0].split(b" ", 2)[1])
-    length: int | None = None
-    chunked = False
-    while True:
-        header = reader.readline(65537)
-        if not header:
-            raise _Closed
-        head_lines.append(header)
-        if header in (b"\r\n", b"\n"):
-            break
-        name, _, value = header.partition(b":")
-        key = name.strip().lower()
-        if key == b"content-length":
-            length = int(value.strip())
-        elif key == b"transfer-encoding" and b"chunked" in value.lower():
-            chunked = True
+    length = int(headers[b"content-length"]) if b"content-length" in headers else None
+    chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
     head = b"".join(head_lines)
     conn.sendall(head)
     body = bytearray() if capture else None
