@@ -36,12 +36,13 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
-from kubelet_dra import agentpods, errors, kube, metrics, models, taintloop, taintplan
+from kubelet_dra import agentpods, errors, kube, metrics, models
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.plugin import getinfo, plugins, registration
 from kubelet_dra.state import healthinfo, kubeletcheckpoint, store
 from kubelet_dra.status import claims, podstatus
+from kubelet_dra.taints import loop, planner
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class DRAHealthManager:
         self.watcher: registration.RegistryWatcher | None = None
         self.writer: kube.StatusWriter | None = None
         self.pods: kube.NodePods | None = None
-        self.taints: taintloop.TaintBridge | None = None
+        self.taints: loop.TaintBridge | None = None
         """The taint bridge, when ``settings.taint_effect`` is not ``off`` (API mode only)."""
         self.checkpoint: kubeletcheckpoint.CheckpointWatcher | None = None
         """The kubelet's DRA checkpoint, read for CDI device IDs (API mode, a root dir set)."""
@@ -313,7 +314,7 @@ class DRAHealthManager:
         """The taint bridge (docs/remediation.md), if an effect is configured."""
         if self.settings.taint_effect is settings_mod.TaintEffect.OFF:
             return
-        self.taints = taintloop.TaintBridge(
+        self.taints = loop.TaintBridge(
             client=client,
             node=self.settings.node_name,
             settings=self.settings,
@@ -486,14 +487,14 @@ class DRAHealthManager:
         return notes
 
 
-def _taint_metrics(bridge: taintloop.TaintBridge | None) -> dict[str, Any]:
+def _taint_metrics(bridge: loop.TaintBridge | None) -> dict[str, Any]:
     """The bridge's counters as ``metrics.State`` fields, every series there from the start."""
     if bridge is None:
         return {}  # off by configuration: no taint series at all
-    writes = {(op, result): 0 for op in taintplan.OPS for result in ("ok", "failed")}
+    writes = {(op, result): 0 for op in planner.OPS for result in ("ok", "failed")}
     return {
         "taint_bridge": bridge.state.value,
-        "taint_rules": {**dict.fromkeys(taintplan.EFFECTS, 0), **bridge.rules_by_effect()},
+        "taint_rules": {**dict.fromkeys(planner.EFFECTS, 0), **bridge.rules_by_effect()},
         "taint_writes": {**writes, **bridge.writes},
     }
 

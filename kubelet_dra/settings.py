@@ -14,7 +14,7 @@ import pathlib
 import pydantic
 import pydantic_settings
 
-from kubelet_dra import taintplan
+from kubelet_dra.taints import planner
 
 
 class ContainerStatusMode(enum.StrEnum):
@@ -133,7 +133,7 @@ class Settings(pydantic_settings.BaseSettings):
     @pydantic.field_validator("taint_key")
     @classmethod
     def _label_name(cls, value: str) -> str:
-        if not taintplan.valid_taint_key(value):
+        if not planner.valid_taint_key(value):
             raise ValueError(
                 "must be a label name ([prefix/]name, name at most 63 characters, "
                 "prefix a DNS subdomain)"

@@ -1,6 +1,6 @@
 """The taint bridge over HTTP: ``FakeApiServer`` through the official client, and the sidecar.
 
-In-process tests run :class:`taintloop.TaintBridge` on the real clock with zero thresholds
+In-process tests run :class:`loop.TaintBridge` on the real clock with zero thresholds
 (no waiting) against the stand-in, which serves DeviceTaintRules in resource.k8s.io v1,
 v1beta2 and v1alpha3 with label selectors, validation and injected faults (403, 503, lost
 connections). The last tests run ``kubelet-dra-health run --taint-effect ...`` as a process
@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import clock, models, settings, taintloop, taintplan
+from kubelet_dra import clock, models, settings
+from kubelet_dra.taints import loop, planner
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 from tests.unit import _rbac
 
@@ -26,7 +27,7 @@ from ._sidecar_process import DRIVER, NODE, SidecarProcess, cluster, device, htt
 H = models.HealthStatus
 A = models.DeviceKey(DRIVER, "pool", "gpu-0")
 B = models.DeviceKey(DRIVER, "pool", "gpu-1")
-OURS = taintplan.node_selector(NODE)
+OURS = planner.node_selector(NODE)
 WAIT = 30.0  # generous: the suite runs on loaded machines; nothing here waits that long
 Obj = dict[str, Any]
 
@@ -56,7 +57,7 @@ class ParkedClock(clock.SystemClock):
 class Running:
     """A bridge task against ``api`` and the dict of healths it reads."""
 
-    def __init__(self, bridge: taintloop.TaintBridge, health: Health, clock: ParkedClock) -> None:
+    def __init__(self, bridge: loop.TaintBridge, health: Health, clock: ParkedClock) -> None:
         self.bridge, self.health, self.clock = bridge, health, clock
 
     async def parked_off(self) -> None:
@@ -83,7 +84,7 @@ async def bridge(api: FakeApiServer, tmp_path: pathlib.Path) -> AsyncIterator[Ru
     health = Health()
     parked = ParkedClock()
     client = api.api_client()
-    made = taintloop.TaintBridge(
+    made = loop.TaintBridge(
         client=client,
         node=NODE,
         settings=settings.Settings(
@@ -134,7 +135,7 @@ async def test_rule_created_and_deleted_through_the_client(
         "Unhealthy",
         "NoExecute",
     )
-    assert taintplan.parse_rfc3339(taint["timeAdded"]) is not None
+    assert planner.parse_rfc3339(taint["timeAdded"]) is not None
     assert rule["metadata"]["annotations"]["kubelet-dra.io/message"] == "XID 79"
     await eventually(
         lambda: any(e["reason"] == "DeviceTainted" for e in api.events("default")), timeout=WAIT
@@ -213,23 +214,23 @@ async def test_others_rules_are_never_touched(api: FakeApiServer, bridge: Runnin
             },
         }
 
-    other = {taintplan.MANAGED_BY_LABEL: taintplan.MANAGED_BY, taintplan.NODE_LABEL: "node-2"}
+    other = {planner.MANAGED_BY_LABEL: planner.MANAGED_BY, planner.NODE_LABEL: "node-2"}
     api.create_device_taint_rule(rule("node-2-rule", other))
     api.create_device_taint_rule(rule("admin-rule", {}))
     # Someone else holds the name our rule would get.
-    api.create_device_taint_rule(rule(taintplan.rule_name(NODE, A), {"team": "x"}))
+    api.create_device_taint_rule(rule(planner.rule_name(NODE, A), {"team": "x"}))
     before = {r["metadata"]["name"]: r for r in api.device_taint_rules()}
     await eventually(lambda: bridge.bridge.state == "active", timeout=WAIT)
     bridge.set(A, H.UNHEALTHY)
     await eventually(lambda: len(rules(api)) == 1, timeout=WAIT)
-    assert list(rules(api)) == [taintplan.rule_name(NODE, A, hashed=True)]
+    assert list(rules(api)) == [planner.rule_name(NODE, A, hashed=True)]
     bridge.set(A, H.HEALTHY)
     await eventually(lambda: rules(api) == {}, timeout=WAIT)
     after = {r["metadata"]["name"]: r for r in api.device_taint_rules()}
     assert after == before
     for record in api.requests:
         if record.method in ("PUT", "DELETE") and "devicetaintrules" in record.path:
-            assert record.path.endswith(taintplan.rule_name(NODE, A, hashed=True))
+            assert record.path.endswith(planner.rule_name(NODE, A, hashed=True))
 
 
 # -- the sidecar process --------------------------------------------------------------------------

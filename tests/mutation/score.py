@@ -32,8 +32,8 @@ MODULES = {
     "claims": "kubelet_dra/status/claims.py",
     "kube/patchplan": "kubelet_dra/kube/patchplan.py",
     "kube/podstate": "kubelet_dra/kube/podstate.py",
-    "taintpolicy": "kubelet_dra/taintpolicy.py",
-    "taintplan": "kubelet_dra/taintplan.py",
+    "taintpolicy": "kubelet_dra/taints/policy.py",
+    "taintplan": "kubelet_dra/taints/planner.py",
     "validation": "kubelet_dra/plugin/validation.py",
     "store": "kubelet_dra/state/store.py",
 }

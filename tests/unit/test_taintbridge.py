@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import clock, kube, models, settings, taintloop, taintplan
+from kubelet_dra import clock, kube, models, settings
+from kubelet_dra.taints import loop, planner
 from kubelet_dra.testing import eventually
 
 H = models.HealthStatus
@@ -124,11 +125,11 @@ class Rig:
     def __init__(self, state_dir: pathlib.Path, fake: clock.FakeClock, **overrides: Any) -> None:
         self.state_dir, self.clock, self.api, self.health = state_dir, fake, MemoryApi(), Health()
         self.overrides = overrides
-        self.bridge: taintloop.TaintBridge | None = None
+        self.bridge: loop.TaintBridge | None = None
         self.task: asyncio.Task[None] | None = None
         self.resource_ids: Any = None  # the index's (kubelet's, our) resourceID lookup
 
-    async def start(self, *, settle: bool = True, **overrides: Any) -> taintloop.TaintBridge:
+    async def start(self, *, settle: bool = True, **overrides: Any) -> loop.TaintBridge:
         values: dict[str, Any] = {
             "node_name": NODE,
             "state_dir": self.state_dir,
@@ -139,7 +140,7 @@ class Rig:
         }
         values.update(self.overrides)
         values.update(overrides)
-        self.bridge = taintloop.TaintBridge(
+        self.bridge = loop.TaintBridge(
             client=typing.cast("kube.ApiClient", None),  # the fake factory ignores it
             node=NODE,
             settings=settings.Settings(**values),
@@ -198,7 +199,7 @@ async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
 
 
 def rule_of(api: MemoryApi, key: models.DeviceKey) -> Obj | None:
-    found = [r for r in api.rules.values() if taintplan.device_of(r) == key]
+    found = [r for r in api.rules.values() if planner.device_of(r) == key]
     assert len(found) <= 1
     return found[0] if found else None
 
@@ -215,12 +216,12 @@ async def test_taint_after_then_untaint_after(rig: Rig) -> None:
     await rig.advance(1)
     rule = rule_of(rig.api, A)
     assert rule is not None
-    assert rule["metadata"]["name"] == taintplan.rule_name(NODE, A)
+    assert rule["metadata"]["name"] == planner.rule_name(NODE, A)
     assert rule["spec"]["taint"] == {
         "key": "kubelet-dra.io/unhealthy",
         "value": "Unhealthy",
         "effect": "NoSchedule",
-        "timeAdded": taintplan.rfc3339(rig.clock.now()),
+        "timeAdded": planner.rfc3339(rig.clock.now()),
     }
     assert rule["metadata"]["annotations"]["kubelet-dra.io/message"] == "broken"
     assert bridge.rules_by_effect()["NoSchedule"] == 1
@@ -251,9 +252,9 @@ async def test_rules_and_events_give_the_kubelets_resource_id_beside_the_device(
     await rig.set(B, H.UNHEALTHY)
     rule_a, rule_b = rule_of(rig.api, A), rule_of(rig.api, B)
     assert rule_a is not None and rule_b is not None
-    assert rule_a["metadata"]["annotations"][taintplan.DEVICE_ANNOTATION] == str(A)
-    assert rule_a["metadata"]["annotations"][taintplan.RESOURCE_ID_ANNOTATION] == "vendor.com/gpu=a"
-    assert taintplan.RESOURCE_ID_ANNOTATION not in rule_b["metadata"]["annotations"]
+    assert rule_a["metadata"]["annotations"][planner.DEVICE_ANNOTATION] == str(A)
+    assert rule_a["metadata"]["annotations"][planner.RESOURCE_ID_ANNOTATION] == "vendor.com/gpu=a"
+    assert planner.RESOURCE_ID_ANNOTATION not in rule_b["metadata"]["annotations"]
 
 
 async def test_thresholds_zero(rig: Rig) -> None:
@@ -345,25 +346,25 @@ def foreign(name: str, labels: dict[str, str]) -> Obj:
 
 
 async def test_never_touches_other_nodes_or_unlabelled_rules(rig: Rig) -> None:
-    other_node = {taintplan.MANAGED_BY_LABEL: taintplan.MANAGED_BY, taintplan.NODE_LABEL: "node-b"}
+    other_node = {planner.MANAGED_BY_LABEL: planner.MANAGED_BY, planner.NODE_LABEL: "node-b"}
     rig.api.put(foreign("other-node", other_node))
     rig.api.put(foreign("by-admin", {}))
-    rig.api.put(foreign("other-manager", {taintplan.NODE_LABEL: NODE}))
+    rig.api.put(foreign("other-manager", {planner.NODE_LABEL: NODE}))
     # Someone else's rule holds the name ours would get: ours takes the hashed name.
-    rig.api.put(foreign(taintplan.rule_name(NODE, A), {"team": "infra"}))
+    rig.api.put(foreign(planner.rule_name(NODE, A), {"team": "infra"}))
     before = copy.deepcopy(rig.api.rules)
     await rig.start(taint_after=0, untaint_after=0)
     await rig.set(A, H.UNHEALTHY)
     ours = [n for n in rig.api.rules if n not in before]
-    assert ours == [taintplan.rule_name(NODE, A, hashed=True)]
+    assert ours == [planner.rule_name(NODE, A, hashed=True)]
     await rig.set(A, H.HEALTHY)
     assert rig.api.rules == before
     touched = {name for op, name in rig.api.writes() if op != "create"}
-    assert touched == {taintplan.rule_name(NODE, A, hashed=True)}
+    assert touched == {planner.rule_name(NODE, A, hashed=True)}
 
 
 async def test_stray_rules_of_ours_are_removed(rig: Rig) -> None:
-    ours = {taintplan.MANAGED_BY_LABEL: taintplan.MANAGED_BY, taintplan.NODE_LABEL: NODE}
+    ours = {planner.MANAGED_BY_LABEL: planner.MANAGED_BY, planner.NODE_LABEL: NODE}
     rig.api.put(foreign("stray", ours))
     (rig.state_dir / "taints.json").write_text('{"format": 1, "devices": []}')
     await rig.start()
@@ -447,7 +448,7 @@ async def test_forbidden_turns_the_bridge_off(rig: Rig) -> None:
     assert bridge.state == "off"
     assert bridge.readiness().startswith("off: RBAC or admission")
     assert "create, list, update and delete" in bridge.readiness()
-    assert bridge.state is taintloop.BridgeState.OFF
+    assert bridge.state is loop.BridgeState.OFF
 
 
 async def test_forbidden_write_turns_the_bridge_off(rig: Rig) -> None:
@@ -476,7 +477,7 @@ async def test_no_served_version_turns_the_bridge_off(rig: Rig) -> None:
 
 
 async def test_node_name_too_long_for_a_label(rig: Rig, tmp_path: pathlib.Path) -> None:
-    bridge = taintloop.TaintBridge(
+    bridge = loop.TaintBridge(
         client=typing.cast("kube.ApiClient", None),  # refused before any call
         node="n" * 64,
         settings=settings.Settings(

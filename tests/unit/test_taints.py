@@ -12,34 +12,35 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import metrics, models, taintloop, taintplan, taintpolicy, taintstate
+from kubelet_dra import metrics, models
 from kubelet_dra.status.podjson import MutableObj
+from kubelet_dra.taints import loop, planner, policy, statefile
 
 H = models.HealthStatus
 KEY = models.DeviceKey("gpu.example.com", "node-a", "gpu-0")
 T0 = 1_700_000_000.0
 
 
-def thresholds(**kw: object) -> taintpolicy.Thresholds:
+def thresholds(**kw: object) -> policy.Thresholds:
     values: dict[str, Any] = {"effect": "NoSchedule", "key": "kubelet-dra.io/unhealthy"}
     values.update(kw)
-    return taintpolicy.Thresholds(**values)
+    return policy.Thresholds(**values)
 
 
 def run(
-    timeline: list[tuple[float, H]], th: taintpolicy.Thresholds, until: float, tick: float = 0.5
+    timeline: list[tuple[float, H]], th: policy.Thresholds, until: float, tick: float = 0.5
 ) -> list[tuple[float, str | None]]:
     """Feed health changes at their times, stepping every ``tick``; the taint after each change
     of taint (time, value or None)."""
-    track: taintpolicy.Track | None = None
+    track: policy.Track | None = None
     changes: list[tuple[float, str | None]] = []
     events = sorted(timeline)
     now, last = T0, None
     while now <= T0 + until:
         while events and T0 + events[0][0] <= now:
-            track = taintpolicy.observe(track, events.pop(0)[1], now)
+            track = policy.observe(track, events.pop(0)[1], now)
         if track is not None:
-            track, _ = taintpolicy.step(track, th, now)
+            track, _ = policy.step(track, th, now)
             value = track.taint.value if track.taint else None
             if value != last:
                 changes.append((now - T0, value))
@@ -57,15 +58,15 @@ def test_unhealthy_for_taint_after_taints_once() -> None:
 
 
 def test_taint_after_zero_taints_at_once() -> None:
-    track = taintpolicy.observe(None, H.UNHEALTHY, T0)
-    stepped, due = taintpolicy.step(track, thresholds(taint_after=0), T0, "XID 79")
-    assert stepped.taint == taintpolicy.Taint("Unhealthy", T0, "XID 79")
+    track = policy.observe(None, H.UNHEALTHY, T0)
+    stepped, due = policy.step(track, thresholds(taint_after=0), T0, "XID 79")
+    assert stepped.taint == policy.Taint("Unhealthy", T0, "XID 79")
     assert due is None
 
 
 def test_step_reports_the_deadline() -> None:
-    track = taintpolicy.observe(None, H.UNHEALTHY, T0)
-    same, due = taintpolicy.step(track, thresholds(taint_after=10), T0 + 3)
+    track = policy.observe(None, H.UNHEALTHY, T0)
+    same, due = policy.step(track, thresholds(taint_after=10), T0 + 3)
     assert same is track
     assert due == T0 + 10
 
@@ -110,9 +111,9 @@ def test_unknown_never_replaces_unhealthy_and_does_not_untaint() -> None:
 
 
 def test_upgrade_keeps_the_time_added() -> None:
-    track = taintpolicy.Track(H.UNHEALTHY, T0, taintpolicy.Taint("Unknown", T0 - 100))
-    stepped, _ = taintpolicy.step(track, thresholds(taint_after=10), T0 + 10, "now broken")
-    assert stepped.taint == taintpolicy.Taint("Unhealthy", T0 - 100, "now broken")
+    track = policy.Track(H.UNHEALTHY, T0, policy.Taint("Unknown", T0 - 100))
+    stepped, _ = policy.step(track, thresholds(taint_after=10), T0 + 10, "now broken")
+    assert stepped.taint == policy.Taint("Unhealthy", T0 - 100, "now broken")
 
 
 # -- flapping ----------------------------------------------------------------------------------
@@ -137,20 +138,20 @@ def test_flapping_faster_than_untaint_after_never_untaints() -> None:
 
 
 def test_same_health_again_keeps_the_track() -> None:
-    track = taintpolicy.observe(None, H.UNHEALTHY, T0)
-    assert taintpolicy.observe(track, H.UNHEALTHY, T0 + 5) is track
-    moved = taintpolicy.observe(track, H.HEALTHY, T0 + 5)
+    track = policy.observe(None, H.UNHEALTHY, T0)
+    assert policy.observe(track, H.UNHEALTHY, T0 + 5) is track
+    moved = policy.observe(track, H.HEALTHY, T0 + 5)
     assert moved.since == T0 + 5
 
 
 def test_message_is_cut_and_never_rewrites() -> None:
-    track = taintpolicy.observe(None, H.UNHEALTHY, T0)
+    track = policy.observe(None, H.UNHEALTHY, T0)
     long = "é" * 400
-    tainted, _ = taintpolicy.step(track, thresholds(taint_after=0), T0, long)
+    tainted, _ = policy.step(track, thresholds(taint_after=0), T0, long)
     assert tainted.taint is not None
-    assert len(tainted.taint.message.encode()) <= taintpolicy.MESSAGE_MAX_BYTES
+    assert len(tainted.taint.message.encode()) <= policy.MESSAGE_MAX_BYTES
     assert tainted.taint.message.endswith("...")
-    again, _ = taintpolicy.step(tainted, thresholds(taint_after=0), T0 + 1, "temperature 91C")
+    again, _ = policy.step(tainted, thresholds(taint_after=0), T0 + 1, "temperature 91C")
     assert again is tainted
 
 
@@ -158,7 +159,7 @@ def test_message_is_cut_and_never_rewrites() -> None:
 
 
 def test_readable_name() -> None:
-    assert taintplan.rule_name("node-a", KEY) == "node-a.gpu.example.com.node-a.gpu-0"
+    assert planner.rule_name("node-a", KEY) == "node-a.gpu.example.com.node-a.gpu-0"
 
 
 @pytest.mark.parametrize(
@@ -174,26 +175,26 @@ def test_readable_name() -> None:
 )
 def test_names_are_valid_and_stable(key: models.DeviceKey) -> None:
     for hashed in (False, True):
-        name = taintplan.rule_name("node-a", key, hashed=hashed)
+        name = planner.rule_name("node-a", key, hashed=hashed)
         assert len(name) <= 253
-        assert taintplan._DNS_SUBDOMAIN.fullmatch(name), name
-        assert name == taintplan.rule_name("node-a", key, hashed=hashed)
+        assert planner._DNS_SUBDOMAIN.fullmatch(name), name
+        assert name == planner.rule_name("node-a", key, hashed=hashed)
 
 
 def test_long_names_are_hashed_and_distinct() -> None:
     a = models.DeviceKey("gpu.example.com", "p" * 240, "gpu-0")
     b = models.DeviceKey("gpu.example.com", "p" * 240, "gpu-1")
-    name_a, name_b = taintplan.rule_name("node-a", a), taintplan.rule_name("node-a", b)
+    name_a, name_b = planner.rule_name("node-a", a), planner.rule_name("node-a", b)
     assert name_a != name_b
     assert len(name_a) == 253
     assert name_a[:200] == name_b[:200]  # the readable prefix, then the hash
 
 
 def test_hashed_name_differs_from_readable() -> None:
-    assert taintplan.rule_name("n", KEY, hashed=True) != taintplan.rule_name("n", KEY)
+    assert planner.rule_name("n", KEY, hashed=True) != planner.rule_name("n", KEY)
     # Names of different nodes or drivers that read alike are told apart by the hash.
-    x = taintplan.rule_name("n.a", models.DeviceKey("b", "p", "d"), hashed=True)
-    y = taintplan.rule_name("n", models.DeviceKey("a.b", "p", "d"), hashed=True)
+    x = planner.rule_name("n.a", models.DeviceKey("b", "p", "d"), hashed=True)
+    y = planner.rule_name("n", models.DeviceKey("a.b", "p", "d"), hashed=True)
     assert x != y
 
 
@@ -212,12 +213,12 @@ def test_hashed_name_differs_from_readable() -> None:
     ],
 )
 def test_taint_keys(key: str, valid: bool) -> None:
-    assert taintplan.valid_taint_key(key) is valid
+    assert planner.valid_taint_key(key) is valid
 
 
 def test_node_label_value_limit() -> None:
-    assert taintplan.valid_label_value("node-a")
-    assert not taintplan.valid_label_value("n" * 64)
+    assert planner.valid_label_value("node-a")
+    assert not planner.valid_label_value("n" * 64)
 
 
 # -- rule objects --------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def test_node_label_value_limit() -> None:
 
 def body(effect: str = "NoSchedule", value: str = "Unhealthy", added: float = T0) -> MutableObj:
     th = thresholds(effect=effect)
-    return taintplan.rule_body("r", "node-a", KEY, taintpolicy.Taint(value, added, "msg"), th)
+    return planner.rule_body("r", "node-a", KEY, policy.Taint(value, added, "msg"), th)
 
 
 def test_rule_body_shape() -> None:
@@ -244,22 +245,22 @@ def test_rule_body_shape() -> None:
             "timeAdded": "2023-11-14T22:13:20Z",
         },
     }
-    assert taintplan.device_of(rule) == KEY
+    assert planner.device_of(rule) == KEY
 
 
 def test_differs_ignores_time_and_message() -> None:
     current = body(added=T0 + 99)
     current["metadata"]["annotations"]["kubelet-dra.io/message"] = "other"
-    assert not taintplan.differs(current, body())
-    assert taintplan.differs(body(effect="NoExecute"), body())
-    assert taintplan.differs(body(value="Unknown"), body())
+    assert not planner.differs(current, body())
+    assert planner.differs(body(effect="NoExecute"), body())
+    assert planner.differs(body(value="Unknown"), body())
 
 
 def test_updated_keeps_time_added_and_resource_version() -> None:
     current = body(added=T0 - 50)
     current["metadata"]["resourceVersion"] = "7"
     current["metadata"]["managedFields"] = [{"manager": "x"}]
-    new = taintplan.updated(current, body(effect="NoExecute"))
+    new = planner.updated(current, body(effect="NoExecute"))
     assert new["spec"]["taint"]["timeAdded"] == current["spec"]["taint"]["timeAdded"]
     assert new["spec"]["taint"]["effect"] == "NoExecute"
     assert new["metadata"]["resourceVersion"] == "7"
@@ -271,23 +272,23 @@ def test_updated_keeps_time_added_and_resource_version() -> None:
     [None, {}, {"driver": "d", "pool": "p"}, {"driver": "d", "pool": "", "device": "x"}],
 )
 def test_device_of_needs_one_device(selector: object) -> None:
-    assert taintplan.device_of({"spec": {"deviceSelector": selector}}) is None
+    assert planner.device_of({"spec": {"deviceSelector": selector}}) is None
 
 
 def test_taint_from_rule() -> None:
-    taint = taintplan.taint_from_rule(body(value="Unknown"), T0 + 5)
-    assert taint == taintpolicy.Taint("Unknown", T0, "msg")
-    assert taintplan.taint_from_rule({}, T0).value == "Unhealthy"
+    taint = planner.taint_from_rule(body(value="Unknown"), T0 + 5)
+    assert taint == policy.Taint("Unknown", T0, "msg")
+    assert planner.taint_from_rule({}, T0).value == "Unhealthy"
 
 
 # -- the state file --------------------------------------------------------------------------------
 
 
 def test_state_round_trip(tmp_path: pathlib.Path) -> None:
-    state = taintstate.TaintStateFile(tmp_path)
+    state = statefile.TaintStateFile(tmp_path)
     tracks = {
-        KEY: taintpolicy.Track(H.UNHEALTHY, T0, taintpolicy.Taint("Unhealthy", T0 + 10, "x")),
-        models.DeviceKey("d", "p/q", "e"): taintpolicy.Track(H.UNKNOWN, T0 + 1),
+        KEY: policy.Track(H.UNHEALTHY, T0, policy.Taint("Unhealthy", T0 + 10, "x")),
+        models.DeviceKey("d", "p/q", "e"): policy.Track(H.UNKNOWN, T0 + 1),
     }
     state.save(tracks)
     assert state.load() == tracks
@@ -296,7 +297,7 @@ def test_state_round_trip(tmp_path: pathlib.Path) -> None:
 
 
 def test_missing_state_is_empty(tmp_path: pathlib.Path) -> None:
-    assert taintstate.TaintStateFile(tmp_path / "none").load() == {}
+    assert statefile.TaintStateFile(tmp_path / "none").load() == {}
 
 
 @pytest.mark.parametrize(
@@ -305,7 +306,7 @@ def test_missing_state_is_empty(tmp_path: pathlib.Path) -> None:
 )
 def test_bad_state_is_set_aside(tmp_path: pathlib.Path, content: bytes) -> None:
     (tmp_path / "taints.json").write_bytes(content)
-    assert taintstate.TaintStateFile(tmp_path).load() == {}
+    assert statefile.TaintStateFile(tmp_path).load() == {}
     assert (tmp_path / "taints.bad").read_bytes() == content
 
 
@@ -315,11 +316,11 @@ def test_state_write_failure_is_a_store_error(tmp_path: pathlib.Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(errors.StoreError, match="not written"):
-        taintstate.TaintStateFile(blocker).save({KEY: taintpolicy.Track(H.UNKNOWN, T0)})
+        statefile.TaintStateFile(blocker).save({KEY: policy.Track(H.UNKNOWN, T0)})
 
 
 def test_state_file_is_json(tmp_path: pathlib.Path) -> None:
-    taintstate.TaintStateFile(tmp_path).save({KEY: taintpolicy.Track(H.UNKNOWN, T0)})
+    statefile.TaintStateFile(tmp_path).save({KEY: policy.Track(H.UNKNOWN, T0)})
     doc = json.loads((tmp_path / "taints.json").read_text())
     assert doc == {
         "format": 1,
@@ -330,7 +331,7 @@ def test_state_file_is_json(tmp_path: pathlib.Path) -> None:
 def test_updated_restores_our_labels_and_keeps_everyone_elses() -> None:
     current = body()
     current["metadata"]["labels"] = {"team": "infra", "kubelet-dra.io/node": "stale"}
-    new = taintplan.updated(current, body())
+    new = planner.updated(current, body())
     assert new["metadata"]["labels"] == {
         "team": "infra",
         "app.kubernetes.io/managed-by": "kubelet-dra-health",
@@ -339,19 +340,19 @@ def test_updated_restores_our_labels_and_keeps_everyone_elses() -> None:
     unlabelled = body()
     del unlabelled["metadata"]["labels"]
     labels = body()["metadata"]["labels"]
-    assert taintplan.updated(unlabelled, body())["metadata"]["labels"] == labels
+    assert planner.updated(unlabelled, body())["metadata"]["labels"] == labels
 
 
 # -- the plan ------------------------------------------------------------------------------
 
 
-def _tainted(value: str = "Unhealthy") -> taintpolicy.Track:
-    return taintpolicy.Track(H.UNHEALTHY, T0, taintpolicy.Taint(value, T0, "msg"))
+def _tainted(value: str = "Unhealthy") -> policy.Track:
+    return policy.Track(H.UNHEALTHY, T0, policy.Taint(value, T0, "msg"))
 
 
 def _rule(name: str, key: models.DeviceKey, value: str = "Unhealthy") -> MutableObj:
-    taint = taintpolicy.Taint(value, T0, "msg")
-    return taintplan.rule_body(name, "node-a", key, taint, thresholds(effect="NoSchedule"))
+    taint = policy.Taint(value, T0, "msg")
+    return planner.rule_body(name, "node-a", key, taint, thresholds(effect="NoSchedule"))
 
 
 def test_plan_creates_updates_and_deletes_only_what_differs() -> None:
@@ -365,29 +366,29 @@ def test_plan_creates_updates_and_deletes_only_what_differs() -> None:
         "c-third": _rule("c-third", third),  # a second rule of one device: delete
         "d-fourth": _rule("d-fourth", fourth),  # untainted: delete
     }
-    ops = taintplan.plan(
+    ops = planner.plan(
         tracks, rules, node="node-a", thresholds=thresholds(effect="NoSchedule"),
         kubelet_id=str,
     )  # fmt: skip
     assert [type(op).__name__ for op in ops] == ["Create", "Update", "Delete", "Delete"]
     create, update, *deletes = ops
-    assert isinstance(create, taintplan.Create) and create.key == KEY
-    assert isinstance(update, taintplan.Update) and update.current is rules["a-other"]
+    assert isinstance(create, planner.Create) and create.key == KEY
+    assert isinstance(update, planner.Update) and update.current is rules["a-other"]
     assert update.body["spec"]["taint"]["value"] == "Unhealthy"
-    assert [d.rule for d in deletes if isinstance(d, taintplan.Delete)] == [
+    assert [d.rule for d in deletes if isinstance(d, planner.Delete)] == [
         rules["c-third"], rules["d-fourth"]
     ]  # fmt: skip
 
 
-def _tracked_healthy() -> taintpolicy.Track:
-    return taintpolicy.Track(H.HEALTHY, T0)
+def _tracked_healthy() -> policy.Track:
+    return policy.Track(H.HEALTHY, T0)
 
 
 def test_adopted_takes_the_rule_taint_only_where_the_track_has_none() -> None:
     other = models.DeviceKey("gpu.example.com", "node-a", "gpu-1")
     rules = {"a": _rule("a", KEY, value="Unknown"), "b": _rule("b", other)}
     tracks = {other: _tainted()}
-    found = taintplan.adopted(rules, tracks, health=lambda _k: H.UNHEALTHY, now=T0 + 5)
+    found = planner.adopted(rules, tracks, health=lambda _k: H.UNHEALTHY, now=T0 + 5)
     assert list(found) == [KEY]
     track = found[KEY]
     assert track.health is H.UNHEALTHY and track.since == T0 + 5
@@ -395,4 +396,4 @@ def test_adopted_takes_the_rule_taint_only_where_the_track_has_none() -> None:
 
 
 def test_bridge_states_are_the_metric_label_values() -> None:
-    assert tuple(taintloop.BridgeState) == metrics.TAINT_STATES
+    assert tuple(loop.BridgeState) == metrics.TAINT_STATES

@@ -1,8 +1,8 @@
 """The taint bridge's planner: DeviceTaintRules named and shaped, desired state to operations.
 
 No kubelet counterpart (KEP-5055's "an external health monitor creates DeviceTaintRules").
-Pure, like ``taintpolicy``: it reads rule objects as the API returned them (through the
-``podjson`` accessors) and returns new ones; ``taintloop`` sends them.
+Pure, like ``policy``: it reads rule objects as the API returned them (through the
+``podjson`` accessors) and returns new ones; ``loop`` sends them.
 
 Rule objects (:func:`rule_body`) carry the labels the reconciler lists by, the selector
 of exactly one device and the taint; :func:`rule_name` derives a stable, valid name.
@@ -18,9 +18,10 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 
-from kubelet_dra import models, taintpolicy
+from kubelet_dra import models
 from kubelet_dra.status import podjson
 from kubelet_dra.status.podjson import MutableObj, Obj
+from kubelet_dra.taints import policy
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubelet-dra-health"
@@ -85,8 +86,8 @@ def rule_body(
     name: str,
     node: str,
     key: models.DeviceKey,
-    taint: taintpolicy.Taint,
-    thresholds: taintpolicy.Thresholds,
+    taint: policy.Taint,
+    thresholds: policy.Thresholds,
     *,
     kubelet_id: str = "",
 ) -> MutableObj:
@@ -173,13 +174,13 @@ def updated(current: Obj, desired: MutableObj) -> MutableObj:
     return body
 
 
-def taint_from_rule(rule: Obj, now: float) -> taintpolicy.Taint:
+def taint_from_rule(rule: Obj, now: float) -> policy.Taint:
     """The taint an existing rule of ours records (adopted after a lost state file)."""
     spec_taint = podjson.child(rule, "spec", "taint")
     value = str(spec_taint.get("value") or models.HealthStatus.UNHEALTHY.value)
     added = parse_rfc3339(str(spec_taint.get("timeAdded") or "")) or now
     message = podjson.child(rule, "metadata", "annotations").get(MESSAGE_ANNOTATION, "")
-    return taintpolicy.Taint(value, added, str(message))
+    return policy.Taint(value, added, str(message))
 
 
 def rfc3339(seconds: float) -> str:
@@ -203,7 +204,7 @@ class Create:
     """Create a rule tainting ``key`` (named by :func:`rule_name` when sent)."""
 
     key: models.DeviceKey
-    taint: taintpolicy.Taint
+    taint: policy.Taint
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -225,11 +226,11 @@ Operation = Create | Update | Delete
 
 
 def plan(
-    tracks: Mapping[models.DeviceKey, taintpolicy.Track],
+    tracks: Mapping[models.DeviceKey, policy.Track],
     rules: Mapping[str, Obj],
     *,
     node: str,
-    thresholds: taintpolicy.Thresholds,
+    thresholds: policy.Thresholds,
     kubelet_id: Callable[[models.DeviceKey], str],
 ) -> list[Operation]:
     """What turns ``rules`` (this node's, by name) into the taints ``tracks`` decided.
@@ -263,22 +264,22 @@ def plan(
 
 def adopted(
     rules: Mapping[str, Obj],
-    tracks: Mapping[models.DeviceKey, taintpolicy.Track],
+    tracks: Mapping[models.DeviceKey, policy.Track],
     *,
     health: Callable[[models.DeviceKey], models.HealthStatus],
     now: float,
-) -> dict[models.DeviceKey, taintpolicy.Track]:
+) -> dict[models.DeviceKey, policy.Track]:
     """Tracks for the devices our rules taint that ``tracks`` holds no taint for.
 
     After a lost state file: a device still broken must not be untainted, so it starts
     from the rule's taint, with the health it shows ``now``.
     """
-    found: dict[models.DeviceKey, taintpolicy.Track] = {}
+    found: dict[models.DeviceKey, policy.Track] = {}
     for rule in rules.values():
         key = device_of(rule)
         if key is None:
             continue
         track = found.get(key) or tracks.get(key)
         if track is None or track.taint is None:
-            found[key] = taintpolicy.Track(health(key), now, taint_from_rule(rule, now))
+            found[key] = policy.Track(health(key), now, taint_from_rule(rule, now))
     return found

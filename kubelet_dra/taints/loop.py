@@ -4,7 +4,7 @@ No kubelet counterpart (the kubelet stops at pod status); the pattern is KEP-505
 "an external health monitor creates DeviceTaintRules". Off unless ``--taint-effect`` names
 an effect. :class:`TaintBridge` runs as one task of the manager:
 
-1. **Start**: load the tracks (``taintstate``), wait until the streams are primed (the
+1. **Start**: load the tracks (``statefile``), wait until the streams are primed (the
    manager starts it after ``startup_grace``), discover the API version (``kube.taintrules``)
    and list this node's rules by label. If no version serves ``devicetaintrules``, or the
    API answers 403 (RBAC or the admission policy), the bridge turns *off*: one log line,
@@ -12,9 +12,9 @@ an effect. :class:`TaintBridge` runs as one task of the manager:
    what is missing. Health still reaches pods; the bridge retries silently every resync
    interval and resumes if the API or the permission appears.
 2. **Observe**: every health change the pipeline sees (``observe``, called from the
-   manager's change callback) updates the device's :class:`taintpolicy.Track`.
-3. **Reconcile**: each round applies the thresholds (:func:`taintpolicy.step`), plans the
-   operations from the desired taints and this node's rules (:func:`taintplan.plan`),
+   manager's change callback) updates the device's :class:`policy.Track`.
+3. **Reconcile**: each round applies the thresholds (:func:`policy.step`), plans the
+   operations from the desired taints and this node's rules (:func:`planner.plan`),
    sends them (:class:`RuleSync`), then saves the tracks. Rounds run on every change
    (after the write window, so bursts coalesce), at the next threshold deadline, after a
    failure (backoff 1 to 30 s, relisting first) and every resync interval (a relist
@@ -36,11 +36,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubelet_dra import clock as clock_mod
-from kubelet_dra import errors, kube, models, taintplan, taintpolicy, taintstate
+from kubelet_dra import errors, kube, models
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.kube import taintrules
 from kubelet_dra.status import claims, podjson
 from kubelet_dra.status.podjson import MutableObj, Obj
+from kubelet_dra.taints import planner, policy, statefile
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class RuleSync:
         *,
         client: kube.ApiClient,
         node: str,
-        thresholds: taintpolicy.Thresholds,
+        thresholds: policy.Thresholds,
         budget: kube.TokenBucket,
         events: kube.EventRecorder,
         clock: clock_mod.Clock,
@@ -113,7 +114,7 @@ class RuleSync:
     def rules_by_effect(self) -> collections.Counter[str]:
         """This node's rules by taint effect (the last listed while a relist is due)."""
         rules = self.rules if self.rules is not None else self._known
-        return collections.Counter(taintplan.effect_of(rule) for rule in rules.values())
+        return collections.Counter(planner.effect_of(rule) for rule in rules.values())
 
     def forget(self) -> None:
         """List again before the next plan: the API may have done more than it answered."""
@@ -124,35 +125,35 @@ class RuleSync:
         """List this node's rules; the next resync is an interval from now."""
         api = self._require_api()
         await self._budget.acquire(spare=True)
-        items = await asyncio.to_thread(api.list, taintplan.node_selector(self.node))
+        items = await asyncio.to_thread(api.list, planner.node_selector(self.node))
         # The label selector already filters; checking again costs nothing and keeps a
         # misbehaving server (or a selector typo) from ever handing us another's rule.
         self.rules = {
             podjson.name(rule): rule
             for rule in items
-            if taintplan.is_ours(rule, self.node) and rule["metadata"].get("name")
+            if planner.is_ours(rule, self.node) and rule["metadata"].get("name")
         }
         self.resync_at = self._clock.now() + self._resync
 
     async def apply(
         self,
-        operations: Iterable[taintplan.Operation],
+        operations: Iterable[planner.Operation],
         tainted: Callable[[], set[models.DeviceKey]],
     ) -> None:
         """Send ``operations`` in order; ``tainted`` names the devices still to be tainted."""
         for op in operations:
-            if isinstance(op, taintplan.Create):
+            if isinstance(op, planner.Create):
                 await self._create(op.key, op.taint)
-            elif isinstance(op, taintplan.Update):
+            elif isinstance(op, planner.Update):
                 await self._update(op.current, op.body)
             else:
                 await self._delete(op.rule, tainted)
 
-    async def _create(self, key: models.DeviceKey, taint: taintpolicy.Taint) -> None:
+    async def _create(self, key: models.DeviceKey, taint: policy.Taint) -> None:
         api = self._require_api()
         for hashed in (False, True):
-            name = taintplan.rule_name(self.node, key, hashed=hashed)
-            body = taintplan.rule_body(
+            name = planner.rule_name(self.node, key, hashed=hashed)
+            body = planner.rule_body(
                 name, self.node, key, taint, self.thresholds, kubelet_id=self._resource_ids(key)[0]
             )
             try:
@@ -163,7 +164,7 @@ class RuleSync:
                 # The name exists: ours from a create whose answer was lost, or someone
                 # else's. A relist tells; only ours is adopted, never another's touched.
                 await self.relist()
-                if any(taintplan.device_of(r) == key for r in (self.rules or {}).values()):
+                if any(planner.device_of(r) == key for r in (self.rules or {}).values()):
                     return
                 logger.warning(
                     "taint bridge: DeviceTaintRule %s belongs to someone else; using a hashed name",
@@ -178,7 +179,7 @@ class RuleSync:
 
     async def _update(self, current: Obj, body: MutableObj) -> None:
         api = self._require_api()
-        answer = await self._write("update", api.replace, taintplan.updated(current, body))
+        answer = await self._write("update", api.replace, planner.updated(current, body))
         assert self.rules is not None
         self.rules[podjson.name(current)] = answer
 
@@ -194,7 +195,7 @@ class RuleSync:
                 raise
         assert self.rules is not None
         self.rules.pop(name, None)
-        key = taintplan.device_of(rule)
+        key = planner.device_of(rule)
         if key is not None and key not in tainted():
             self._emit(DEVICE_UNTAINTED, key, None, name)
 
@@ -217,7 +218,7 @@ class RuleSync:
     # -- events -----------------------------------------------------------------------
 
     def _emit(
-        self, reason: str, key: models.DeviceKey, taint: taintpolicy.Taint | None, name: str
+        self, reason: str, key: models.DeviceKey, taint: policy.Taint | None, name: str
     ) -> None:
         t = self.thresholds
         device = claims.device_name(key, *self._resource_ids(key))
@@ -273,7 +274,7 @@ class TaintBridge:
         self.state = BridgeState.STARTING
         self.detail = "waiting for the first health reports"
         self.version: str | None = None
-        self.tracks: dict[models.DeviceKey, taintpolicy.Track] = {}
+        self.tracks: dict[models.DeviceKey, policy.Track] = {}
         self.rounds = 0  # reconcile rounds done (tests wait on it)
         self.events = kube.EventRecorder(node=node, clock=clock, interval=settings.event_interval)
         # The device's (kubelet's, our) resourceID, to name it as pods do (claims.device_name).
@@ -294,7 +295,7 @@ class TaintBridge:
         self.writes = self.sync.writes
         """DeviceTaintRule writes by (create|update|delete, ok|failed)."""
         self._clock, self._health, self._devices = clock, health, devices
-        self._file = taintstate.TaintStateFile(settings.state_dir)
+        self._file = statefile.TaintStateFile(settings.state_dir)
         self._window = settings.write_window
         self._resync = settings.taint_resync_interval
         self._observing = False
@@ -318,7 +319,7 @@ class TaintBridge:
 
     def _note(self, key: models.DeviceKey, now: float) -> None:
         old = self.tracks.get(key)
-        new = taintpolicy.observe(old, self._health(key, now).health, now)
+        new = policy.observe(old, self._health(key, now).health, now)
         if new is not old:
             self.tracks[key] = new
             self._dirty = True
@@ -342,9 +343,9 @@ class TaintBridge:
         # Without a state file, rules found in the API are adopted: a lost state dir must
         # not untaint a device that is still broken.
         self._adopt = not existed
-        if not taintplan.valid_label_value(self.node):
+        if not planner.valid_label_value(self.node):
             self._turn_off(
-                f"node name {self.node!r} cannot be the value of label {taintplan.NODE_LABEL} "
+                f"node name {self.node!r} cannot be the value of label {planner.NODE_LABEL} "
                 "(at most 63 characters); the bridge does not run on this node"
             )
             return
@@ -356,7 +357,7 @@ class TaintBridge:
             self._note(key, now)
         await self._loop()
 
-    def _load(self) -> tuple[dict[models.DeviceKey, taintpolicy.Track], bool]:
+    def _load(self) -> tuple[dict[models.DeviceKey, policy.Track], bool]:
         existed = self._file.path.exists()
         return self._file.load(), existed
 
@@ -430,7 +431,7 @@ class TaintBridge:
         deadline: float | None = None
         for key, track in list(self.tracks.items()):
             message = self._health(key, now).message
-            new, due = taintpolicy.step(track, self.thresholds, now, message)
+            new, due = policy.step(track, self.thresholds, now, message)
             if new.forgettable:
                 del self.tracks[key]
                 self._dirty = True
@@ -448,7 +449,7 @@ class TaintBridge:
         try:
             if self.sync.rules is None or self._clock.now() >= self.sync.resync_at:
                 await self._relist()
-            operations = taintplan.plan(
+            operations = planner.plan(
                 self.tracks, self.sync.rules or {}, node=self.node, thresholds=self.thresholds,
                 kubelet_id=lambda key: self._resource_ids(key)[0],
             )  # fmt: skip
@@ -482,7 +483,7 @@ class TaintBridge:
         if self._adopt:
             self._adopt = False
             now = self._clock.now()
-            found = taintplan.adopted(
+            found = planner.adopted(
                 self.sync.rules or {}, self.tracks,
                 health=lambda key: self._health(key, now).health, now=now,
             )  # fmt: skip
@@ -516,9 +517,9 @@ class TaintBridge:
         self._wake.clear()
 
 
-def thresholds_of(settings: settings_mod.Settings) -> taintpolicy.Thresholds:
+def thresholds_of(settings: settings_mod.Settings) -> policy.Thresholds:
     """The policy's thresholds as ``--taint-*`` and ``--untaint-after`` set them."""
-    return taintpolicy.Thresholds(
+    return policy.Thresholds(
         effect=settings.taint_effect.value,
         key=settings.taint_key,
         taint_after=settings.taint_after,

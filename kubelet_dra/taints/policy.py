@@ -1,8 +1,8 @@
 """The taint bridge's policy: when a device should carry a taint, and which (pure).
 
 No kubelet counterpart: the kubelet stops at ``allocatedResourcesStatus``. This module is
-pure (``now`` is always an argument, nothing is read or written); ``taintloop`` runs it
-against the health cache, ``taintplan`` turns its decisions into DeviceTaintRules.
+pure (``now`` is always an argument, nothing is read or written); ``loop`` runs it
+against the health cache, ``planner`` turns its decisions into DeviceTaintRules.
 
 Per device it keeps a :class:`Track`: the health the device shows, since when it shows it
 without interruption, and the taint the bridge decided on (if any). :func:`step` applies

@@ -1,6 +1,6 @@
 """The taint bridge's memory across restarts: one small JSON file in the state dir.
 
-The state file of ``taintloop``; no kubelet counterpart. It holds one :class:`taintpolicy.Track`
+The state file of ``loop``; no kubelet counterpart. It holds one :class:`policy.Track`
 per device that is not plainly healthy (its health, since when, and the decided taint), so
 a restart neither restarts ``--taint-after`` nor forgets a taint that must stay.
 
@@ -22,7 +22,8 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from kubelet_dra import errors, models, taintpolicy
+from kubelet_dra import errors, models
+from kubelet_dra.taints import policy
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class TaintStateFile:
     def __init__(self, state_dir: pathlib.Path) -> None:
         self.path = pathlib.Path(state_dir) / FILE_NAME
 
-    def load(self) -> dict[models.DeviceKey, taintpolicy.Track]:
+    def load(self) -> dict[models.DeviceKey, policy.Track]:
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
@@ -56,7 +57,7 @@ class TaintStateFile:
             )  # fmt: skip
             return {}
 
-    def save(self, tracks: Mapping[models.DeviceKey, taintpolicy.Track]) -> None:
+    def save(self, tracks: Mapping[models.DeviceKey, policy.Track]) -> None:
         """Replace the file atomically; raises ``errors.StoreError``."""
         data = json.dumps(_encode(tracks), separators=(",", ":"), sort_keys=True).encode()
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -73,7 +74,7 @@ class TaintStateFile:
             raise errors.StoreError(f"taint state {self.path} not written: {exc}") from exc
 
 
-def _encode(tracks: Mapping[models.DeviceKey, taintpolicy.Track]) -> dict[str, Any]:
+def _encode(tracks: Mapping[models.DeviceKey, policy.Track]) -> dict[str, Any]:
     devices = []
     for key, track in sorted(tracks.items()):
         entry: dict[str, Any] = {
@@ -91,19 +92,19 @@ def _encode(tracks: Mapping[models.DeviceKey, taintpolicy.Track]) -> dict[str, A
     return {"format": _FORMAT, "devices": devices}
 
 
-def _decode(doc: Any) -> dict[models.DeviceKey, taintpolicy.Track]:
+def _decode(doc: Any) -> dict[models.DeviceKey, policy.Track]:
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
         raise ValueError("unknown format")
-    tracks: dict[models.DeviceKey, taintpolicy.Track] = {}
+    tracks: dict[models.DeviceKey, policy.Track] = {}
     for entry in doc["devices"]:
         driver, pool, device = (str(part) for part in entry["device"])
         taint = None
         if entry.get("taint") is not None:
             raw = entry["taint"]
-            taint = taintpolicy.Taint(
+            taint = policy.Taint(
                 str(raw["value"]), float(raw["timeAdded"]), str(raw.get("message", ""))
             )
-        tracks[models.DeviceKey(driver, pool, device)] = taintpolicy.Track(
+        tracks[models.DeviceKey(driver, pool, device)] = policy.Track(
             models.HealthStatus(entry["health"]), float(entry["since"]), taint
         )
     return tracks
