@@ -152,17 +152,8 @@ class DRAHealthManager:
         The registry was scanned by then (``RegistryWatcher.start``), so the
         endpoints known here are the drivers present at start-up.
         """
-        deadline = self.clock.now() + self.settings.startup_grace
-        while not self._streams_primed() and self.clock.now() < deadline:
-            await self.clock.sleep(0.02)
+        await self.plugins.wait_primed(self.settings.startup_grace)
         self.primed.set()
-
-    def _streams_primed(self) -> bool:
-        waiting = (plugins.StreamState.CONNECTING, plugins.StreamState.STREAMING)
-        return all(
-            status.reports > 0 or status.state not in waiting
-            for status in self.plugins.endpoints.values()
-        )
 
     async def _after_priming(self, work: Coroutine[Any, Any, Any]) -> None:
         try:

@@ -115,6 +115,7 @@ class PluginManager:
         self._endpoints: dict[str, _Endpoint] = {}
         self._deadline_task: asyncio.Task[None] | None = None
         self._wake = clock_mod.Alarm(clock)
+        self._progress = clock_mod.Alarm(clock)  # set by every applied stream event
         self._sleeping_until: float | None = None
         self.drivers: dict[str, DriverStats] = collections.defaultdict(DriverStats)
         self.refused: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -183,6 +184,30 @@ class PluginManager:
     def endpoints(self) -> dict[str, EndpointStatus]:
         """Endpoint path -> stream status, for endpoints with a health service."""
         return {p: e.status for p, e in self._endpoints.items() if e.status is not None}
+
+    def primed(self) -> bool:
+        """Every health stream delivered a report, or ended (backoff, unimplemented, stopped)."""
+        waiting = (StreamState.CONNECTING, StreamState.STREAMING)
+        return all(
+            entry.status.reports > 0 or entry.status.state not in waiting
+            for entry in self._endpoints.values()
+            if entry.status is not None
+        )
+
+    async def wait_primed(self, timeout: float) -> bool:
+        """Wait until :meth:`primed` or ``timeout`` seconds of the clock; say which.
+
+        Woken by each stream event applied (a report, an end, a stop), so a start-up
+        wait costs nothing while the streams are quiet and ends as the last one reports.
+        """
+        deadline = self._clock.now() + timeout
+        while not self.primed():
+            left = deadline - self._clock.now()
+            if left <= 0:
+                return False
+            self._progress.clear()
+            await self._progress.sleep(left)
+        return True
 
     @property
     def plugins(self) -> list[getinfo.PluginInfo]:
@@ -273,6 +298,8 @@ class PluginManager:
                 exc_info=True,
             )
             return
+        finally:
+            self._progress.set()
         await self._notify(changed)
 
     def _record(

@@ -252,9 +252,13 @@ async def watch(
             except Exception:
                 logger.exception("health stream of driver %s crashed; restarting", plugin.driver)
                 run.outcome = Outcome.CRASHED
+            # The state moves before the end is yielded: whoever applies the end (the
+            # plugin manager, which wakes its start-up wait on every event) reads the
+            # stream as no longer connecting.
+            ended = run.outcome is Outcome.UNIMPLEMENTED
+            status.state = StreamState.UNIMPLEMENTED if ended else StreamState.BACKOFF
             yield Ended(run.outcome)
-            if run.outcome is Outcome.UNIMPLEMENTED:
-                status.state = StreamState.UNIMPLEMENTED
+            if ended:
                 logger.info(
                     "driver %s does not implement %s at %s; not retrying until it re-registers",
                     plugin.driver,
@@ -262,7 +266,6 @@ async def watch(
                     plugin.endpoint,
                 )
                 return
-            status.state = StreamState.BACKOFF
             await clock.sleep(_delay(run, backoff, settings))
             status.reconnects += 1
     except (GeneratorExit, asyncio.CancelledError):

@@ -72,6 +72,9 @@ async def test_events_and_states_of_one_stream(
         await drv.end_streams("INTERNAL")
         assert await _next(events) == streams.Ended(streams.Outcome.ERROR)
         assert status.last_error.startswith("INTERNAL")
+        # In backoff as the end is handed over, before the consumer asks again: the
+        # plugin manager's start-up wait, woken by the end, reads it as not connecting.
+        assert state(status) is StreamState.BACKOFF
         # The backoff sleep happens when the consumer asks for the next event.
         reconnect = asyncio.ensure_future(_next(events))
         await fake_clock.wait_for_sleepers(1)
