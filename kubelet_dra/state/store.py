@@ -251,10 +251,69 @@ def _parameters(
     return out
 
 
+class Connection:
+    """The store's one writer connection: every statement the store sends goes through here.
+
+    sqlitedict does part of the job, and this is the part: it owns the connection and the
+    worker thread that runs every write, so a flush from the flush loop's thread and a close
+    from the shutdown path queue on one thread instead of sharing an ``sqlite3`` object; and
+    it fixes the table shape (a file stays readable as a ``SqliteDict``). The rest is SQL of
+    ours, sent through its guarded ``execute``/``select_one`` path: its ``update`` is one
+    queue round trip per row (a chunked upsert replaces it), and its ``commit`` runs
+    unguarded in the worker, where a full disk kills the thread and every later call waits
+    forever (``COMMIT`` and ``ROLLBACK`` as statements bring the error back to the caller).
+    Reads use plain ``sqlite3`` connections of their own (:meth:`HealthStore.load`).
+
+    The fault seam of the tests: :meth:`fail` makes the next statement that starts with a
+    given word raise a given error, once, without touching SQLite (a failing ``COMMIT``
+    after the upserts ran, which a read-only disk never gives).
+    """
+
+    def __init__(self, db: sqlitedict.SqliteDict) -> None:
+        self._db = db
+        self._faults: list[tuple[str, BaseException]] = []
+
+    def execute(self, sql: str, parameters: tuple[Any, ...] | list[Any] = ()) -> None:
+        self._fault(sql)
+        self._db.conn.execute(sql, parameters)
+
+    def query(self, sql: str, parameters: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+        """The first row of ``sql`` (``None`` if it has none), after every queued write."""
+        self._fault(sql)
+        row: tuple[Any, ...] | None = self._db.conn.select_one(sql, parameters or None)
+        return row
+
+    def commit(self) -> None:
+        self.query("COMMIT")
+
+    def rollback(self) -> None:
+        self.query("ROLLBACK")
+
+    @property
+    def alive(self) -> bool:
+        conn = self._db.conn
+        return conn is not None and bool(conn.is_alive())
+
+    def close(self) -> None:
+        if self.alive:
+            self._db.close()
+
+    def fail(self, statement: str, error: BaseException) -> None:
+        """Make the next statement starting with ``statement`` raise ``error`` (tests)."""
+        self._faults.append((statement.upper(), error))
+
+    def _fault(self, sql: str) -> None:
+        head = sql.lstrip().upper()
+        for i, (statement, error) in enumerate(self._faults):
+            if head.startswith(statement):
+                del self._faults[i]
+                raise error
+
+
 class HealthStore:
     """The on-disk health cache. Thread-safe; blocking calls (use a thread)."""
 
-    def __init__(self, path: pathlib.Path, *, db: sqlitedict.SqliteDict | None) -> None:
+    def __init__(self, path: pathlib.Path, *, db: Connection | None) -> None:
         self.path = path
         self._db = db  # None: not open for writing yet (see _unopened)
         self._identity = _file_identity(path) if db is not None else None
@@ -457,11 +516,11 @@ class HealthStore:
             # must not hold a 30 MB argument and its parse tree at once.
             for start in range(0, len(items), CHUNK):
                 chunk = items[start : start + CHUNK]
-                db.conn.execute(_upsert(len(chunk)), _parameters(chunk))
+                db.execute(_upsert(len(chunk)), _parameters(chunk))
             for start in range(0, len(gone), CHUNK):
                 payload = json.dumps(gone[start : start + CHUNK], ensure_ascii=False)
-                db.conn.execute(_DELETE, (payload,))
-            _commit(db)
+                db.execute(_DELETE, (payload,))
+            db.commit()
         except Exception as exc:  # sqlite3 errors arrive re-raised from sqlitedict's thread
             self._restage(batch)
             self.last_error = str(exc)
@@ -476,7 +535,12 @@ class HealthStore:
             self._pending = batch
         self._rollback()
 
-    def _connect(self) -> sqlitedict.SqliteDict:
+    @property
+    def connection(self) -> Connection | None:
+        """The writer connection (``None`` until the file could be opened for writing)."""
+        return self._db
+
+    def _connect(self) -> Connection:
         _make_private_dir(self.path.parent)
         db = _open_db(self.path)
         self._db, self._identity = db, _file_identity(self.path)
@@ -504,7 +568,7 @@ class HealthStore:
             staged: dict[healthinfo.StagedKey, models.DeviceHealth | None] = dict(records)
             staged.update(self._pending)
             self._pending = staged
-        if old is not None and old.conn is not None and old.conn.is_alive():
+        if old is not None:
             try:
                 old.close()
             except Exception:
@@ -514,7 +578,7 @@ class HealthStore:
         if self._db is None:
             return
         try:
-            self._db.conn.select_one("ROLLBACK")
+            self._db.rollback()
         except Exception:  # nothing to roll back, or the connection is gone
             logger.debug("rollback after failed flush did not apply", exc_info=True)
 
@@ -522,8 +586,8 @@ class HealthStore:
         """Remove records now (used by ``cache`` maintenance commands)."""
         payload = json.dumps([list(k) for k in keys], ensure_ascii=False)
         db = self._db if self._db is not None else self._connect()
-        db.conn.execute(_DELETE, (payload,))
-        _commit(db)
+        db.execute(_DELETE, (payload,))
+        db.commit()
 
     def close(self) -> None:
         """Flush what is staged (best effort) and close the file."""
@@ -531,7 +595,7 @@ class HealthStore:
             self.flush()
         except errors.StoreError as exc:
             logger.error("health cache not flushed at close: %s", exc)
-        if self._db is not None and self._db.conn is not None and self._db.conn.is_alive():
+        if self._db is not None:
             self._db.close()
 
 
@@ -560,14 +624,6 @@ def _make_private_dir(directory: pathlib.Path) -> None:
         raise errors.StoreError(f"cannot create state directory {directory}: {exc}") from exc
 
 
-def _commit(db: sqlitedict.SqliteDict) -> None:
-    # Not db.commit(): sqlitedict runs that commit unguarded in its worker
-    # thread, so a failure there (disk full) kills the thread and every later
-    # call waits forever. COMMIT as a statement takes the guarded path and the
-    # error comes back to the caller.
-    db.conn.select_one("COMMIT")
-
-
 def _file_identity(path: pathlib.Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -585,7 +641,7 @@ def _unwritable(exc: BaseException) -> bool:
     return isinstance(cause, sqlite3.Error) and code is not None and code & 0xFF in _UNWRITABLE
 
 
-def _open_db(path: pathlib.Path) -> sqlitedict.SqliteDict:
+def _open_db(path: pathlib.Path) -> Connection:
     if path.exists():
         _verify(path)
     else:
@@ -607,8 +663,9 @@ def _open_db(path: pathlib.Path) -> sqlitedict.SqliteDict:
         decode=json.loads,
         outer_stack=False,
     )
-    db.conn.execute(f"PRAGMA synchronous={SYNCHRONOUS}")
-    return db
+    connection = Connection(db)
+    connection.execute(f"PRAGMA synchronous={SYNCHRONOUS}")
+    return connection
 
 
 def _verify(path: pathlib.Path) -> None:

@@ -38,9 +38,10 @@ def record(batch: int) -> models.DeviceHealth:
 
 def run(state_dir: pathlib.Path, commits: int, devices: int) -> None:
     db = store.HealthStore.open(state_dir)
-    assert db._db is not None, db.last_error
-    level = db._db.conn.select_one("PRAGMA synchronous")
-    mmap = db._db.conn.select_one("PRAGMA mmap_size")
+    assert db.connection is not None, db.last_error
+    level = db.connection.query("PRAGMA synchronous")
+    mmap = db.connection.query("PRAGMA mmap_size")
+    assert level is not None
     # Writes through a memory map would escape the shim.
     assert mmap == (0,), mmap
     sys.stdout.write(f"synchronous={level[0]}\n")

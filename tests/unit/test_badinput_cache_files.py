@@ -166,8 +166,8 @@ def test_truncated_wal_of_a_killed_writer_opens(tmp_path: pathlib.Path) -> None:
         db.flush()
     main = (source / store.FILE_NAME).read_bytes()
     wal = (source / f"{store.FILE_NAME}-wal").read_bytes()
-    assert db._db is not None
-    db._db.close()  # leave the WAL as a SIGKILL would
+    assert db.connection is not None
+    db.connection.close()  # leave the WAL as a SIGKILL would
     work = tmp_path / "work"
     seen = set()
     for offset in range(0, len(wal), 97):

@@ -86,9 +86,9 @@ def test_flush_batches_many_reports_into_one_commit(tmp_path: pathlib.Path) -> N
 def test_sqlite_runs_wal_with_synchronous_full(tmp_path: pathlib.Path) -> None:
     # FULL: a returned commit survives a power loss (tests/powerloss measures it).
     db = store.HealthStore.open(tmp_path)
-    assert db._db is not None
-    assert db._db.conn.select_one("PRAGMA journal_mode") == ("wal",)
-    assert db._db.conn.select_one("PRAGMA synchronous") == (2,)  # FULL
+    assert db.connection is not None
+    assert db.connection.query("PRAGMA journal_mode") == ("wal",)
+    assert db.connection.query("PRAGMA synchronous") == (2,)  # FULL
     db.close()
 
 
@@ -199,14 +199,14 @@ def test_failed_flush_keeps_records_and_recovers(tmp_path: pathlib.Path) -> None
     db = store.HealthStore.open(tmp_path)
     cache = healthinfo.HealthCache(sink=db)
     cache.update("drv", [models.DeviceReport("p", "d", H.UNHEALTHY, "x")], now=T0)
-    assert db._db is not None
-    db._db.conn.execute("PRAGMA query_only=ON")  # every write now fails, like a read-only disk
+    assert db.connection is not None
+    db.connection.execute("PRAGMA query_only=ON")  # every write now fails, like a read-only disk
     with pytest.raises(errors.StoreError, match="cannot write"):
         db.flush()
     assert db.degraded and db.pending == 1
     cache.update("drv", [models.DeviceReport("p", "e", H.HEALTHY)], now=T0 + 1)
     assert db.pending == 2
-    db._db.conn.execute("PRAGMA query_only=OFF")
+    db.connection.execute("PRAGMA query_only=OFF")
     assert db.flush() == 2
     assert not db.degraded
     db.close()
@@ -277,17 +277,49 @@ def test_staged_deletions_survive_a_reopen(
     again.close()
 
 
+def test_a_commit_that_fails_after_the_upserts_ran_rolls_back_and_keeps_the_batch(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The fault seam: COMMIT fails once after every upsert of the batch was sent. A reader
+    sees none of the batch (the old record), the batch stays staged, and the next flush
+    commits all of it (seen failing with the restage in ``_restage`` removed)."""
+    db = store.HealthStore.open(tmp_path)
+    other = models.DeviceKey("drv", "p", "other")
+    db.stage(K, REC)
+    db.flush()
+    assert db.connection is not None
+    db.connection.fail("COMMIT", sqlite3.OperationalError("database or disk is full"))
+    newer = models.DeviceHealth(H.HEALTHY, "after", 30.0, T0 + 5)
+    db.stage(K, newer)
+    db.stage(other, REC)
+    with pytest.raises(errors.StoreError, match="disk is full"):
+        db.flush()
+    assert db.degraded and db.pending == 2
+    assert _stored(tmp_path) == {K: REC}
+    assert db.flush() == 2 and not db.degraded
+    db.close()
+    assert _stored(tmp_path) == {K: newer, other: REC}
+
+
+def _stored(state_dir: pathlib.Path) -> dict[models.DeviceKey, models.DeviceHealth]:
+    reader = store.HealthStore.open(state_dir)
+    try:
+        return dict(reader.load())
+    finally:
+        reader.close()
+
+
 def test_a_failed_flush_keeps_staged_deletions(tmp_path: pathlib.Path) -> None:
     db = store.HealthStore.open(tmp_path)
     db.stage(K, REC)
     db.flush()
     db.stage_delete([K])
-    assert db._db is not None
-    db._db.conn.execute("PRAGMA query_only=ON")
+    assert db.connection is not None
+    db.connection.execute("PRAGMA query_only=ON")
     with pytest.raises(errors.StoreError):
         db.flush()
     assert db.pending == 1
-    db._db.conn.execute("PRAGMA query_only=OFF")
+    db.connection.execute("PRAGMA query_only=OFF")
     assert db.flush() == 1
     db.close()
     again = store.HealthStore.open(tmp_path)
@@ -313,10 +345,10 @@ def test_a_row_of_the_json_each_format_is_updated_in_place_and_deleted(
     key = models.DeviceKey(*names)
     old = models.DeviceHealth(H.UNHEALTHY, "old", 30.0, T0)
     db = store.HealthStore.open(tmp_path)
-    assert db._db is not None
+    assert db.connection is not None
     payload = json.dumps([[list(key), store._value(key, old)]], ensure_ascii=False)
-    db._db.conn.execute(_OLD_UPSERT, (payload,))
-    db._db.conn.select_one("COMMIT")
+    db.connection.execute(_OLD_UPSERT, (payload,))
+    db.connection.commit()
     new = models.DeviceHealth(H.HEALTHY, "new ✓", 12.5, T0 + 0.1, 7, "/e")
     db.stage(key, new)
     db.flush()

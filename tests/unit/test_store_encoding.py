@@ -184,13 +184,13 @@ def rows_one_by_one(db: store.HealthStore) -> list[Any]:
 
 
 def raw_rows(db: store.HealthStore, values: list[str]) -> None:
-    assert db._db is not None
+    assert db.connection is not None
     for i, value in enumerate(values):
-        db._db.conn.execute(
+        db.connection.execute(
             'INSERT INTO "devices" (key, value) VALUES (?, ?)',
             (json.dumps(["d", "p", str(i)]), value),
         )
-    db._db.conn.select_one("COMMIT")
+    db.connection.commit()
 
 
 def test_a_value_holding_two_objects_fails_the_bulk_path_and_is_skipped(
@@ -233,9 +233,9 @@ def test_the_row_by_row_path_reads_every_field(tmp_path: pathlib.Path) -> None:
     db = store.HealthStore.open(tmp_path)
     rows = many(4)
     write(db, rows)
-    assert db._db is not None
-    db._db.conn.execute('INSERT INTO "devices" (key, value) VALUES (?, NULL)', ('["x","y","z"]',))
-    db._db.conn.select_one("COMMIT")
+    assert db.connection is not None
+    db.connection.execute('INSERT INTO "devices" (key, value) VALUES (?, NULL)', ('["x","y","z"]',))
+    db.connection.commit()
     assert dict(db.load()) == rows
     assert db.skipped_rows == 1
     db.close()
