@@ -32,10 +32,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kubelet_dra.status.podjson import MutableObj as Obj
 from tests.interop._apiserver import KubeApiServer
 from tests.interop._driver import DriverProcess
-
-Obj = dict[str, Any]
 
 BUILDS: dict[str, str] = {"go-helper": "driver-current", "go-helper-v0.35": "driver-v035"}
 """Scenario ``implementation`` -> the ``tests/interop/_build.py`` artifact serving it."""

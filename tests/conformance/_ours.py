@@ -33,9 +33,8 @@ from kubelet_dra import manager as manager_mod
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.plugin import getinfo, registration
 from kubelet_dra.status import claims, podstatus
+from kubelet_dra.status.podjson import Obj
 from tests.conformance import _drivers
-
-Obj = Mapping[str, Any]
 
 
 class _Manager(manager_mod.DRAHealthManager):

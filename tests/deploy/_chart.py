@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from kubelet_dra.status.podjson import MutableObj as Obj
 from tests.interop import _build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +39,6 @@ HELM_LABELS = {
     "app.kubernetes.io/version": "0.1.0",
     "helm.sh/chart": "kubelet-dra-health-0.1.0",
 }
-
-Obj = dict[str, Any]
 
 
 class HelmError(Exception):

@@ -32,6 +32,7 @@ import yaml
 
 from kubelet_dra import cli
 from kubelet_dra.settings import Settings
+from kubelet_dra.status.podjson import MutableObj as Obj
 from tests.interop import _build
 from tests.unit import test_deploy
 
@@ -42,7 +43,6 @@ from ._chart import (
     KUBE_VERSION,
     MONITORING,
     HelmError,
-    Obj,
     by_kind,
     deploy_objects,
     one,

@@ -13,9 +13,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from kubelet_dra.status.podjson import MutableObj as Obj
 from tests.interop._apiserver import KubeApiServer
 
-Obj = dict[str, Any]
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 

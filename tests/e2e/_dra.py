@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kubelet_dra.status.podjson import MutableObj as Obj
 from tests.e2e._api import Api
 from tests.interop._driver import DriverProcess
 
-Obj = dict[str, Any]
 DRIVER = "gpu.e2e.kubelet-dra.test"
 CONTAINER = "main"
 

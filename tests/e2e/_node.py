@@ -35,10 +35,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from kubelet_dra.status.podjson import MutableObj as Obj
 from tests.e2e import _api
 from tests.interop._apiserver import KubeApiServer, free_port
-
-Obj = dict[str, Any]
 
 #: What the kubelet's kernel-tunable check wants (pkg/kubelet/cm: setupKernelTunables).
 SYSCTLS: Mapping[str, int] = {

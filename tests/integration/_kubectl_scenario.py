@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
 
+from kubelet_dra.status.podjson import MutableObj as Obj
 from kubelet_dra.testing import FakeApiServer, make_claim, make_pod
 
-Obj = dict[str, Any]
 DRIVER = "gpu.example.com"
 NODE = "demo-node"
 XID = "ECC uncorrectable error count exceeded (XID 48)"

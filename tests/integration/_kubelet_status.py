@@ -25,13 +25,12 @@ import contextlib
 import copy
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import kubernetes
 
+from kubelet_dra.status.podjson import MutableObj as Obj
 from kubelet_dra.testing import FakeApiServer
 
-Obj = dict[str, Any]
 Entries = Callable[[Obj, str], list[Obj] | None]
 """The kubelet's own entries for one container of a pod (gate on), or ``None``: none."""
 

@@ -13,11 +13,11 @@ import asyncio
 import json
 import pathlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from kubelet_dra import clock, models, settings
+from kubelet_dra.status.podjson import MutableObj as Obj
 from kubelet_dra.taints import loop, planner
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 from tests.unit import _rbac
@@ -29,7 +29,6 @@ A = models.DeviceKey(DRIVER, "pool", "gpu-0")
 B = models.DeviceKey(DRIVER, "pool", "gpu-1")
 OURS = planner.node_selector(NODE)
 WAIT = 30.0  # generous: the suite runs on loaded machines; nothing here waits that long
-Obj = dict[str, Any]
 
 
 class Health:

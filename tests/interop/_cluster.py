@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kubelet_dra.status.podjson import MutableObj as Obj
 from kubelet_dra.testing import FakeApiServer, eventually_sync
 from kubelet_dra.testing._eventually import describe
 from tests.integration._sidecar_process import SidecarExited
@@ -36,7 +37,6 @@ from tests.integration._sidecar_process import SidecarExited
 from ._apiserver import KubeApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
-Obj = dict[str, Any]
 SMP = "application/strategic-merge-patch+json"
 FAST_ENV = {
     "KUBELET_DRA_REGISTRY_POLL_INTERVAL": "0.05",

@@ -18,11 +18,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from kubelet_dra.status.podjson import MutableObj as Obj
 
 from ._apiserver import KubeApiServer, _Proc, _spawn, _wait_ready, free_port
-
-Obj = dict[str, Any]
 
 
 @dataclasses.dataclass

@@ -20,9 +20,10 @@ import json
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import yaml
+
+from kubelet_dra.status.podjson import MutableObj as Obj
 
 from . import _build
 
@@ -36,8 +37,6 @@ CRD_FILES = {
     "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
     "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
 }
-
-Obj = dict[str, Any]
 
 
 def _download() -> Path:

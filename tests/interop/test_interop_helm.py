@@ -42,7 +42,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-from tests.deploy._chart import CHART, HelmError, Obj, render, run_helm
+from kubelet_dra.status.podjson import MutableObj as Obj
+from tests.deploy._chart import CHART, HelmError, render, run_helm
 from tests.deploy._monitoring import PROMETHEUS_RULE
 
 from . import _operator_crds

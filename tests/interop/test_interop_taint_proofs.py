@@ -33,6 +33,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kubelet_dra.status.podjson import MutableObj as Obj
 from kubelet_dra.testing import eventually_sync
 from tests.conftest import interop_binary
 
@@ -47,7 +48,6 @@ DRIVER = "gpu.taints.example.com"
 KEY = "kubelet-dra.io/unhealthy"
 HOLD = "kubelet-dra.io/test-hold"
 DriverFactory = Callable[..., DriverProcess]
-Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")

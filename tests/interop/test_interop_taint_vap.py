@@ -23,6 +23,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kubelet_dra.status.podjson import MutableObj as Obj
+
 from ._apiserver import KubeApiServer
 from ._cluster import RealCluster, SidecarProcess
 from ._driver import DriverProcess, device
@@ -32,7 +34,6 @@ pytestmark = [pytest.mark.interop, pytest.mark.timeout(180)]
 
 DRIVER = "gpu.interop.example.com"
 DriverFactory = Callable[..., DriverProcess]
-Obj = dict[str, Any]
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from kubelet_dra.settings import Settings
+from kubelet_dra.status.podjson import MutableObj as Obj
 from tests.unit import _rbac
 
 DEPLOY = _rbac.DEPLOY_DIR
@@ -123,8 +124,6 @@ FORBIDDEN_REQUESTS: list[tuple[str, str]] = [
     ("DELETE", "/apis/resource.k8s.io/v1/devicetaintrules"),
     ("POST", "/apis/resource.k8s.io/v1/resourceslices"),
 ]
-
-Obj = dict[str, Any]
 
 
 # -- loading -----------------------------------------------------------------------

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from kubelet_dra.status.podjson import MutableObj as Obj
 from tests.unit import test_deploy as deploy
 
-Obj = dict[str, Any]
 needs_cel = deploy.needs_cel
 POLICY = "kubelet-dra-health-own-node-taints"
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from kubelet_dra import clock, kube, models, settings
+from kubelet_dra.status.podjson import MutableObj as Obj
 from kubelet_dra.taints import loop, planner
 from kubelet_dra.testing import eventually
 
@@ -28,7 +29,6 @@ NODE = "node-a"
 DRIVER = "gpu.example.com"
 A = models.DeviceKey(DRIVER, NODE, "gpu-a")
 B = models.DeviceKey(DRIVER, NODE, "gpu-b")
-Obj = dict[str, Any]
 
 
 class MemoryApi:
