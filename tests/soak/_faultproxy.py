@@ -4,16 +4,12 @@
 refused); the soak needs answers too, so this one terminates TLS with the API
 server's own serving certificate (its CA is the sidecar's), reads each HTTP/1.1
 request and either forwards it over its own TLS connection to the real server or
-answers it with a fault. HTTP/1.1 on both sides is h11's (the sans-IO parser that
-``kube.asyncpatch`` uses too): one ``h11.SERVER`` connection towards the sidecar, one
-``h11.CLIENT`` connection per upstream socket, so framing (lengths, chunks, keep-alive)
-is the library's and only the faults are ours. The faults:
+answers it with a fault:
 
 - ``5xx``: ``503`` or ``500`` with a ``Status`` body;
 - ``429``: ``429 Too Many Requests`` with ``Retry-After: 1`` (API Priority and Fairness);
 - ``reset``: the connection reset (SO_LINGER 0) before the request is forwarded, or
-  after it was (the server applied it and answered; the answer is dropped, the client
-  never hears);
+  after it was (the server applied it, the client never hears);
 - ``stall``: the request read and never answered until the window ends, then the
   connection closed (a hung server or a black-holed connection).
 
@@ -40,15 +36,12 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import h11
-
 FAULTS = ("5xx", "429", "reset", "stall")
-_WRITES = ("PATCH", "PUT", "POST", "DELETE")
-_READ = 65536
+_WRITES = (b"PATCH", b"PUT", b"POST", b"DELETE")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,39 +72,10 @@ class _Closed(Exception):
     pass
 
 
-class _Peer:
-    """One socket and its h11 connection: events in, events out."""
-
-    def __init__(self, sock: socket.socket, role: type[h11.SERVER] | type[h11.CLIENT]) -> None:
-        self.sock = sock
-        self.http = h11.Connection(role)
-
-    def next_event(self) -> Any:
-        while True:
-            event = self.http.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            self.http.receive_data(self.sock.recv(_READ))
-
-    def send(self, *events: Any) -> None:
-        for event in events:
-            data = self.http.send(event)
-            if data:
-                self.sock.sendall(data)
-
-    def reusable(self) -> bool:
-        """Both sides done with a keep-alive exchange: ready for the next one."""
-        if self.http.our_state is h11.DONE and self.http.their_state is h11.DONE:
-            self.http.start_next_cycle()
-            return True
-        return False
-
-
 @dataclasses.dataclass
-class _Response:
-    status: int
-    headers: list[tuple[bytes, bytes]]
-    body: bytes | None  # kept for writes only
+class _Upstream:
+    sock: ssl.SSLSocket
+    reader: Any
 
 
 class FaultProxy:
@@ -140,7 +104,7 @@ class FaultProxy:
         self._listener.listen(128)
         self.port: int = self._listener.getsockname()[1]
         self._stopped = threading.Event()
-        self._open: set[socket.socket] = set()
+        self._open: set[Any] = set()
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
 
     @property
@@ -180,58 +144,45 @@ class FaultProxy:
                 target=self._serve, args=(raw,), name="proxy-conn", daemon=True
             ).start()
 
-    @contextlib.contextmanager
-    def _tracked(self, sock: socket.socket) -> Iterator[socket.socket]:
-        """``sock`` closed on the way out whatever ends the connection, and reachable by
-        :meth:`stop` meanwhile."""
-        with self._lock:
-            self._open.add(sock)
-        try:
-            yield sock
-        finally:
-            with self._lock:
-                self._open.discard(sock)
-            with contextlib.suppress(OSError):
-                sock.close()
-
     def _serve(self, raw: socket.socket) -> None:
-        with contextlib.ExitStack() as stack:
-            upstream: _Peer | None = None
+        # Every socket and file of the connection is closed here, whatever ends it (a
+        # file from makefile() keeps its socket open until both are closed).
+        opened: list[Any] = [raw]
+        upstream: _Upstream | None = None
 
-            def server() -> _Peer:
-                nonlocal upstream
-                if upstream is None:
-                    upstream = _Peer(
-                        stack.enter_context(self._tracked(self._connect())), h11.CLIENT
-                    )
-                return upstream
+        def server() -> _Upstream:
+            nonlocal upstream
+            if upstream is None:
+                upstream = self._connect()
+                opened.extend((upstream.sock, upstream.reader))
+                with self._lock:
+                    self._open.add(upstream.sock)
+            return upstream
 
-            def done_with_server() -> None:
-                nonlocal upstream
-                if upstream is not None and not upstream.reusable():
-                    upstream.sock.close()  # the server ends it (Connection: close, a watch)
-                    upstream = None
-
-            try:
-                stack.enter_context(self._tracked(raw))
-                raw.settimeout(30)
-                conn = stack.enter_context(
-                    self._tracked(self._server_ctx.wrap_socket(raw, server_side=True))
-                )
-                conn.settimeout(None)
-                client = _Peer(conn, h11.SERVER)
-                while not self._stopped.is_set():
-                    request = _read_request(client)
-                    if request is None:
-                        return
-                    self._one(client, request, server)
-                    done_with_server()
-                    if not client.reusable():
-                        return
-            except (OSError, ssl.SSLError, _Closed, h11.ProtocolError):
-                return
-            except Exception as exc:
-                self.errors.append(f"{type(exc).__name__}: {exc}")
+        try:
+            raw.settimeout(30)
+            conn = self._server_ctx.wrap_socket(raw, server_side=True)
+            opened.append(conn)
+            with self._lock:
+                self._open.add(conn)
+            conn.settimeout(None)
+            reader = conn.makefile("rb")
+            opened.append(reader)
+            while not self._stopped.is_set():
+                request = _read_request(reader)
+                if request is None:
+                    return
+                self._one(conn, request, server)
+        except (OSError, ssl.SSLError, _Closed, ValueError):
+            return
+        except Exception as exc:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            for thing in reversed(opened):
+                with contextlib.suppress(OSError):
+                    thing.close()
+            with self._lock:
+                self._open.difference_update(opened)
 
     def _chosen(self) -> Window | None:
         with self._lock:
@@ -243,13 +194,15 @@ class FaultProxy:
                 return None
             return window
 
-    def _connect(self) -> ssl.SSLSocket:
+    def _connect(self) -> _Upstream:
         sock = socket.create_connection(self.upstream, timeout=30)
         tls = self._client_ctx.wrap_socket(sock, server_hostname=self.upstream[0])
         tls.settimeout(None)
-        return tls
+        return _Upstream(tls, tls.makefile("rb"))
 
-    def _one(self, client: _Peer, request: _Request, upstream: Callable[[], _Peer]) -> None:
+    def _one(
+        self, conn: ssl.SSLSocket, request: _Request, upstream: Callable[[], _Upstream]
+    ) -> None:
         self.requests += 1
         window = self._chosen()
         after = False
@@ -258,35 +211,27 @@ class FaultProxy:
             if window.kind == "reset":
                 after = self._rng.random() < 0.5
                 if not after:
-                    _reset(client.sock)
+                    _reset(conn)
                     raise _Closed
             else:
-                _answer_fault(client, window)
+                _answer_fault(conn, window)
                 if window.kind == "stall":
                     raise _Closed
                 return
         server = upstream()
-        server.send(
-            h11.Request(method=request.method, target=request.path, headers=request.headers)
-        )
-        if request.body:
-            server.send(h11.Data(data=request.body))
-        server.send(h11.EndOfMessage())
-        # Reset after: the server applied the request; its answer goes nowhere.
-        response = _relay_response(server, None if after else client, request)
+        server.sock.sendall(request.raw)
+        status, head, body = _relay_response(server.reader, conn, request, capture=request.captured)
         if after:
-            _reset(client.sock)
+            _reset(conn)
             raise _Closed
-        self._record(request, response)
+        self._record(request, status, head, body)
 
-    def _record(self, request: _Request, response: _Response) -> None:
-        body = response.body
+    def _record(self, request: _Request, status: int, head: bytes, body: bytes | None) -> None:
         if body is None:
             return
-        if (b"content-encoding", b"gzip") in response.headers:
+        if b"content-encoding: gzip" in head.lower():
             body = gzip.decompress(body)
         now = time.time()
-        status = response.status
         if 200 <= status < 300 and request.is_status_write:
             with contextlib.suppress(ValueError):
                 stored = json.loads(body)
@@ -313,7 +258,7 @@ class FaultProxy:
 class _Request:
     method: str
     path: str
-    headers: list[tuple[bytes, bytes]]
+    raw: bytes
     body: bytes
 
     @property
@@ -322,58 +267,86 @@ class _Request:
 
     @property
     def captured(self) -> bool:
-        return self.method in _WRITES
+        return self.method.encode() in _WRITES
 
 
-def _read_request(client: _Peer) -> _Request | None:
-    """The next whole request from the sidecar (``None``: it closed the connection)."""
-    event = client.next_event()
-    if isinstance(event, h11.ConnectionClosed):
+def _read_head(reader: Any) -> tuple[list[bytes], dict[bytes, bytes]] | None:
+    """A message's start line and headers as read (lines kept for relaying), and the
+    headers by lower-cased name (the last one wins); ``None`` at end of stream."""
+    lines: list[bytes] = []
+    headers: dict[bytes, bytes] = {}
+    while True:
+        line = reader.readline(65537)
+        if not line:
+            return None
+        lines.append(line)
+        if len(lines) > 1 and line in (b"\r\n", b"\n"):
+            return lines, headers
+        if len(lines) > 1:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+
+
+def _read_request(reader: Any) -> _Request | None:
+    read = _read_head(reader)
+    if read is None:
         return None
-    if not isinstance(event, h11.Request):
-        raise _Closed
-    body = bytearray()
-    while not isinstance(part := client.next_event(), h11.EndOfMessage):
-        if not isinstance(part, h11.Data):
-            raise _Closed
-        body += part.data
-    return _Request(
-        event.method.decode("ascii"),
-        event.target.decode("latin-1"),
-        list(event.headers),
-        bytes(body),
-    )
+    head, headers = read
+    if b"transfer-encoding" in headers:
+        raise ValueError("chunked request bodies are not relayed")
+    length = int(headers.get(b"content-length", b"0"))
+    body = reader.read(length) if length else b""
+    method, path, _ = head[0].decode("latin-1").split(" ", 2)
+    return _Request(method, path, b"".join(head) + body, body)
 
 
-def _relay_response(server: _Peer, client: _Peer | None, request: _Request) -> _Response:
-    """Copy one response from ``server`` to ``client`` (``None``: drop it) as it streams; a
-    watch's events pass one by one. The body is kept for writes only."""
-    event = server.next_event()
-    while isinstance(event, h11.InformationalResponse):
-        event = server.next_event()
-    if not isinstance(event, h11.Response):
+def _relay_response(
+    reader: Any, conn: ssl.SSLSocket, request: _Request, *, capture: bool
+) -> tuple[int, bytes, bytes | None]:
+    """Copy one response from the upstream ``reader`` to ``conn``; return its status, head
+    and body (the body only when ``capture``, de-chunked)."""
+    read = _read_head(reader)
+    if read is None:
         raise _Closed
-    headers = [
-        (name.lower(), value.lower() if name.lower() == b"content-encoding" else value)
-        for name, value in event.headers
-    ]
-    if client is not None:
-        client.send(
-            h11.Response(
-                status_code=event.status_code, headers=list(event.headers), reason=event.reason
-            )
-        )
-    body = bytearray() if request.captured else None
-    while not isinstance(part := server.next_event(), h11.EndOfMessage):
-        if not isinstance(part, h11.Data):
-            raise _Closed  # the server closed mid-body
-        if client is not None:
-            client.send(part)
-        if body is not None:
-            body += part.data
-    if client is not None:
-        client.send(h11.EndOfMessage())
-    return _Response(event.status_code, headers, bytes(body) if body is not None else None)
+    head_lines, headers = read
+    status = int(head_lines[0].split(b" ", 2)[1])
+    length = int(headers[b"content-length"]) if b"content-length" in headers else None
+    chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+    head = b"".join(head_lines)
+    conn.sendall(head)
+    body = bytearray() if capture else None
+    if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        return status, head, bytes(body) if body is not None else None
+    if chunked:
+        while True:
+            size_line = reader.readline(65537)
+            if not size_line:
+                raise _Closed
+            size = int(size_line.split(b";")[0].strip(), 16)
+            data = reader.read(size + 2) if size else b""
+            conn.sendall(size_line + data)
+            if body is not None:
+                body += data[:-2]
+            if size == 0:
+                while (trailer := reader.readline(65537)) not in (b"\r\n", b"\n", b""):
+                    conn.sendall(trailer)
+                conn.sendall(b"\r\n")
+                break
+    elif length is not None:
+        remaining = length
+        while remaining:
+            data = reader.read1(min(remaining, 65536))
+            if not data:
+                raise _Closed
+            conn.sendall(data)
+            remaining -= len(data)
+            if body is not None:
+                body += data
+    else:
+        while data := reader.read1(65536):
+            conn.sendall(data)
+        raise _Closed
+    return status, head, bytes(body) if body is not None else None
 
 
 def _patch_test_failed(body: bytes) -> bool:
@@ -390,12 +363,14 @@ def _patch_test_failed(body: bytes) -> bool:
     return status.get("reason") == "Invalid" and not status.get("details")
 
 
-def _answer_fault(client: _Peer, window: Window) -> None:
+def _answer_fault(conn: ssl.SSLSocket, window: Window) -> None:
     if window.kind == "stall":
         while time.monotonic() < window.until:
             time.sleep(0.1)
         return
-    code = 429 if window.kind == "429" else 503
+    code, reason = (
+        (429, "Too Many Requests") if window.kind == "429" else (503, "Service Unavailable")
+    )
     status = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -405,15 +380,16 @@ def _answer_fault(client: _Peer, window: Window) -> None:
         "code": code,
     }
     body = json.dumps(status).encode()
-    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
-    if code == 429:
-        headers.append(("Retry-After", "1"))
-    client.send(
-        h11.Response(status_code=code, headers=headers), h11.Data(data=body), h11.EndOfMessage()
+    extra = b"Retry-After: 1\r\n" if code == 429 else b""
+    conn.sendall(
+        f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\n".encode()
+        + extra
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
     )
 
 
-def _reset(conn: socket.socket) -> None:
+def _reset(conn: ssl.SSLSocket) -> None:
     with contextlib.suppress(OSError):
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):
