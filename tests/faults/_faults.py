@@ -10,6 +10,7 @@ seconds (default 60).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import pathlib
@@ -30,6 +31,7 @@ __all__ = [
     "World",
     "add_pod",
     "converged",
+    "fd_kinds",
     "manager_settings",
     "open_fds",
     "pod_health",
@@ -184,6 +186,43 @@ def writes_per_pod(api: FakeApiServer) -> dict[str, int]:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def fd_kinds() -> collections.Counter[str]:
+    """Open descriptors by kind: ``tcp``, ``unix``, ``anon_inode:[eventfd]``, ``pipe``, ``file``.
+
+    Kinds, not numbers: a closed descriptor's number is reused at once, so two
+    listings compared by number show churn, not leaks.
+    """
+    tcp = _socket_inodes("tcp") | _socket_inodes("tcp6")
+    unix = _socket_inodes("unix")
+    kinds: collections.Counter[str] = collections.Counter()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed between the listing and the read
+            continue
+        kinds[_kind(target, tcp, unix)] += 1
+    return kinds
+
+
+def _kind(target: str, tcp: set[str], unix: set[str]) -> str:
+    if target in tcp:
+        return "tcp"
+    if target in unix:
+        return "unix"
+    if target.startswith(("socket:", "anon_inode:")):
+        return target.split("[", 1)[0] if target.startswith("socket:") else target
+    return "pipe" if target.startswith("pipe:") else "file"
+
+
+def _socket_inodes(table: str) -> set[str]:
+    try:
+        lines = pathlib.Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    column = 6 if table == "unix" else 9  # the inode column of each table
+    return {f"socket:[{row[column]}]" for row in map(str.split, lines) if len(row) > column}
 
 
 def task_names() -> list[str]:
