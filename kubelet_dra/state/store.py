@@ -679,6 +679,7 @@ def _verify(path: pathlib.Path) -> None:
         check = conn.execute("PRAGMA quick_check").fetchone()
         if not check or check[0] != "ok":
             raise errors.StoreError(f"integrity check failed: {check}")
+        _check_shapes(conn)
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if _META not in tables:
             return
@@ -692,6 +693,20 @@ def _verify(path: pathlib.Path) -> None:
         raise errors.StoreError(f"unreadable schema version: {exc}") from exc
     finally:
         conn.close()
+
+
+def _check_shapes(conn: sqlite3.Connection) -> None:
+    """Our two names, where present, must be tables of (key, value): the integrity check
+    passes a file whose column was renamed, and every later read of it would fail."""
+    for name in (_TABLE, _META):
+        kind = conn.execute("SELECT type FROM sqlite_master WHERE name = ?", (name,)).fetchone()
+        if kind is None:
+            continue
+        columns = [row[1] for row in conn.execute(f'PRAGMA table_info("{name}")')]
+        if kind[0] != "table" or columns != ["key", "value"]:
+            raise errors.StoreError(
+                f"{name!r} is a {kind[0]} of columns {columns}, not a table of key and value"
+            )
 
 
 def _write_schema(path: pathlib.Path) -> None:

@@ -29,6 +29,10 @@ RECORD = {
 }
 
 
+KEY = models.DeviceKey("gpu.example.com", "pool-a", "gpu-0")
+DEVICE = models.DeviceHealth(models.HealthStatus.UNHEALTHY, "XID 79", 30.0, 1000.0, 7, "/e.sock")
+
+
 def _write_rows(path: pathlib.Path, values: list[object]) -> None:
     conn = sqlite3.connect(path)
     try:
@@ -153,3 +157,38 @@ def test_a_strategic_merge_of_a_primitive_list_shares_nothing_with_its_inputs() 
     merged["metadata"]["finalizers"][1]["b"] = 9
     assert old == {"metadata": {"finalizers": [{"a": 1}]}}
     assert patch == {"metadata": {"finalizers": [{"b": 2}]}}
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [
+        'CREATE TABLE "devices" (key TEXT PRIMARY KEY, vilue BLOB)',  # the fuzzed file
+        'CREATE TABLE "devices" (key TEXT PRIMARY KEY)',
+        'CREATE VIEW "devices" AS SELECT 1 AS key',
+    ],
+    ids=["renamed-column", "missing-column", "a-view"],
+)
+def test_a_devices_table_of_another_shape_is_moved_aside_not_a_crash(
+    tmp_path: pathlib.Path, devices: str
+) -> None:
+    # fuzz_store: a file whose "devices" table had a column renamed passed the
+    # integrity check, and load() raised "no such column: value" out of the
+    # store, so the sidecar would have crash-looped on it.
+    conn = sqlite3.connect(tmp_path / store.FILE_NAME)
+    conn.execute(devices)
+    conn.commit()
+    conn.close()
+    health = store.HealthStore.open(tmp_path)
+    try:
+        assert health.moved_aside is not None
+        assert health.load() == []
+        health.stage(KEY, DEVICE)
+        assert health.flush() == 1, health.last_error
+    finally:
+        health.close()
+    again = store.HealthStore.open(tmp_path)
+    try:
+        assert again.moved_aside is None
+        assert again.load() == [(KEY, DEVICE)]
+    finally:
+        again.close()
