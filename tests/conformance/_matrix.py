@@ -2,7 +2,6 @@
 
 A cell says ``same`` (nothing differed), ``declared difference (<features>)``
 (the run showed exactly the differences the scenario declares for that line),
-``known bug`` (an undeclared difference that is reported and not fixed yet),
 or ``n/a`` (the scenario does not run on that line: it uses something the line
 does not have). A passing run produces exactly the cell the scenario's
 declarations predict, which is what lets a test check the committed copy
@@ -73,8 +72,6 @@ def cell(scenario: sc.Scenario, line: str) -> str:
     """The cell a passing run of ``scenario`` on ``line`` writes."""
     if line not in scenario.lines:
         return "n/a"
-    if scenario.known_bug:
-        return "known bug"
     features = sorted({d.feature for d in scenario.differences if line in d.lines})
     if not features:
         return "same"
@@ -100,7 +97,6 @@ def render(
     legend = ["", "| feature | what differs on purpose |", "|---|---|"]
     used = sorted({d.feature for s in scenarios for d in s.differences})
     legend += [f"| `{f}` | {sc.FEATURES[f]} |" for f in used]
-    bugs = [s for s in scenarios if s.known_bug]
     notes = [""]
     helper = sorted(s.name for s in scenarios if s.uses_go_helper())
     if helper:
@@ -111,10 +107,6 @@ def render(
             + "; our FakeDriver in the others."
         )
         notes.append("")
-    if bugs:
-        notes.append("Known bugs (undeclared differences found by the run, not fixed yet):")
-        notes.append("")
-        notes += [f"- `{s.name}`: {' '.join(s.known_bug.split())}" for s in bugs]
     gen = generated if generated is not None else _generate.every_run()
     notes += ["", _generated_summary(gen)]
     return "\n".join([BEGIN, *rows, *legend, *notes, END])

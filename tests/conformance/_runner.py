@@ -70,7 +70,6 @@ class RunResult:
     verdict: _compare.Verdict
     error: str = ""
     attempts: int = 1
-    known_bug: str = ""
     timing: bool = False
     """The run could not keep its timing in :data:`ATTEMPTS` attempts."""
     alone: bool = False
@@ -80,20 +79,8 @@ class RunResult:
     def ok(self) -> bool:
         return not self.error and self.verdict.ok
 
-    @property
-    def as_known(self) -> bool:
-        """Failed the way its known bug says: undeclared differences only."""
-        return (
-            bool(self.known_bug)
-            and not self.error
-            and not self.verdict.missing
-            and (bool(self.verdict.unexplained))
-        )
-
     def cell(self) -> str:
         """The matrix cell: same, or the declared differences it showed."""
-        if self.as_known:
-            return "known bug"
         if not self.ok:
             return "FAILED"
         features = sorted({d.feature for d in self.verdict.seen})
@@ -188,7 +175,6 @@ class Run:
             self.observed,
             verdict,
             error,
-            known_bug=self.scenario.known_bug,
         )
 
     async def _setup(self) -> None:

@@ -448,9 +448,6 @@ class Scenario(_Model):
     --state-dir``, the twin's checkpoint) at every sync point."""
     timeline: tuple[Step, ...]
     differences: tuple[Difference, ...] = ()
-    known_bug: str = ""
-    """An undeclared difference found and reported but not fixed yet: the test is an
-    expected failure until the fix lands (then it must pass, and this goes)."""
     generated: bool = False
 
     @pydantic.field_validator("lines", mode="before")

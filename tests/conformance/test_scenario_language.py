@@ -92,6 +92,8 @@ pods: [{name: p, claims: [{name: gpu, claim: c}], containers: [{name: main, clai
         ("timeline: [{wait: -1}, {sync: a}]", "timeline[0] (wait): seconds"),
         ("timeline: [{report: {driver: gpu.example.com, devices: [{health: Healthy}]}}, "
          "{sync: a}]", "needs `device`"),
+        # The expected-failure mark is gone (issue 20): a file still carrying it is refused.
+        ("timeline: [{sync: a}]\nknown_bug: stale", "known_bug"),
     ],
 )  # fmt: skip
 def test_mistakes_get_one_clear_error(tmp_path: pathlib.Path, extra: str, message: str) -> None:
