@@ -847,13 +847,21 @@ def test_interrupting_a_watch_exits_by_the_last_output(demo: str) -> None:
         (["--fail-on", "Unhealthy"], "NODE", 3),
         (["--fail-on", "Unhealthy", "--node", "elsewhere", "-o", "json"], "{", 0),
     )
+    # faulthandler on: a hang is answered with SIGABRT, which dumps every thread's stack
+    # (once, loaded, a watch did not end within 30 s of its SIGINT; not reproduced since).
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     for extra, first, expected in cases:
         with subprocess.Popen(
-            [*argv, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*argv, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         ) as proc:
             assert proc.stdout is not None
             assert proc.stdout.readline().startswith(first)  # the first output is out
             proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=30)
+            try:
+                _, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGABRT)
+                _, err = proc.communicate(timeout=30)
+                pytest.fail(f"no exit 30 s after SIGINT; the stacks at SIGABRT:\n{err}")
         assert proc.returncode == expected, err
         assert "Traceback" not in err

@@ -70,23 +70,25 @@ async def test_the_state_file_commits_while_the_default_thread_pool_is_busy(
     key = models.DeviceKey(DRIVER, "pool", "gpu-0")
     release = threading.Event()
     loop = asyncio.get_running_loop()
-    async with FakeDriver(DRIVER, registry=sockdir / "reg") as driver:
-        async with manager.DRAHealthManager(cfg, on_status=lambda update: None) as mgr:
-            await eventually(lambda: mgr.plugins.endpoints, what="the driver registered")
-            # More blockers than the default pool has workers (min(32, cpus + 4)).
-            blocked = [loop.run_in_executor(None, release.wait) for _ in range(40)]
-            try:
-                await driver.set_health(
-                    {"pool": "pool", "device": "gpu-0", "health": "Unhealthy", "message": "XID 79"}
-                )
-                await eventually(
-                    lambda: _stored_health(cfg.state_dir, key) == "Unhealthy",
-                    what="the report committed to the state file",
-                    timeout=10,
-                )
-            finally:
-                release.set()
-                await asyncio.gather(*blocked)
+    async with (
+        FakeDriver(DRIVER, registry=sockdir / "reg") as driver,
+        manager.DRAHealthManager(cfg, on_status=lambda update: None) as mgr,
+    ):
+        await eventually(lambda: mgr.plugins.endpoints, what="the driver registered")
+        # More blockers than the default pool has workers (min(32, cpus + 4)).
+        blocked = [loop.run_in_executor(None, release.wait) for _ in range(40)]
+        try:
+            await driver.set_health(
+                {"pool": "pool", "device": "gpu-0", "health": "Unhealthy", "message": "XID 79"}
+            )
+            await eventually(
+                lambda: _stored_health(cfg.state_dir, key) == "Unhealthy",
+                what="the report committed to the state file",
+                timeout=10,
+            )
+        finally:
+            release.set()
+            await asyncio.gather(*blocked)
 
 
 def _stored_health(state_dir: pathlib.Path, key: models.DeviceKey) -> str | None:

@@ -199,6 +199,8 @@ class StateDisk:
         self.path = path
         self.mount = Tmpfs(path, self.SIZE)
         self._filler = path / "filler"
+        self.lock = threading.Lock()
+        """Held for the whole of one disk fault."""
 
     def fill(self) -> None:
         chunk = b"\0" * (1 << 20)
