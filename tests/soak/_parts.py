@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from kubelet_dra.state import store
 from tests.faults._tmpfs import Tmpfs
 
 from . import _schedule as plan
@@ -216,13 +217,19 @@ class StateDisk:
     def readonly(self, on: bool) -> None:
         self.mount.remount("ro" if on else "rw")
 
-    def state_bytes(self) -> int:
-        total = 0
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of the state dir (``total``), of its main file (``db``) and its WAL (``wal``)."""
+        sizes = {"total": 0, "db": 0, "wal": 0}
         for entry in self.path.iterdir():
             if entry.name != self._filler.name and entry.is_file():
                 with contextlib.suppress(FileNotFoundError):
-                    total += entry.stat().st_size
-        return total
+                    size = entry.stat().st_size
+                    sizes["total"] += size
+                    if entry.name == store.FILE_NAME:
+                        sizes["db"] = size
+                    elif entry.name == store.FILE_NAME + "-wal":
+                        sizes["wal"] = size
+        return sizes
 
     def close(self) -> None:
         self.mount.close()

@@ -365,7 +365,9 @@ class Soak:
         row["tasks"] = found.get("kubelet_dra_event_loop_tasks")
         row["pending"] = found.get("kubelet_dra_pending_pods")
         with contextlib.suppress(OSError):
-            row["state_bytes"] = self.disk.state_bytes()
+            sizes = self.disk.state_bytes()
+            row["state_bytes"] = sizes["total"]
+            row["state_db_bytes"], row["wal_bytes"] = sizes["db"], sizes["wal"]
         row["writes"] = len(self.proxy.writes)
         self.samples.append(row)
 

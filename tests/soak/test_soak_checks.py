@@ -4,11 +4,13 @@ fit, the lease rule of the blip check and the lost-state rule of the convergence
 from __future__ import annotations
 
 import itertools
+import types
 
 import pytest
 
 from tests.soak import _checks as checks
 from tests.soak import _parts as parts
+from tests.soak import _report as report
 from tests.soak import _schedule as plan
 from tests.soak._faultproxy import StatusWrite
 
@@ -112,3 +114,30 @@ def _pod(resource: str, health: str, message: str) -> dict[str, object]:
             ]
         }
     }
+
+
+def test_the_state_file_slope_is_the_main_file_s_and_the_wal_is_held_to_a_cap() -> None:
+    # The hour's run read +9.7 MB/h for the main file and its WAL together: the WAL
+    # climbs to SQLite's checkpoint size and stays there, which is no leak.
+    t0 = 1000.0
+    samples = []
+    for t in range(0, 40 * 60, 10):
+        wal = t * 1500  # climbs through the whole run, to 3.6 MB: under the cap
+        row = {"t": t, "life": 1, "state_db_bytes": 98_304, "wal_bytes": wal}
+        samples.append({**row, "state_bytes": 98_304 + wal})
+    soak = types.SimpleNamespace(
+        world=types.SimpleNamespace(sidecar_starts=[t0]),
+        opts=types.SimpleNamespace(minutes=40),
+        samples=samples,
+        t0=t0,
+    )
+    fitted = report.slopes(soak)  # type: ignore[arg-type]
+    assert fitted["state_mb"] == pytest.approx(0.0, abs=1e-9)
+    assert report._capped(samples, "wal_bytes", report.WAL_CAP)["ok"]
+    # A main file that grows is a leak; a WAL past the cap is one too.
+    for i, row in enumerate(samples):
+        row["state_db_bytes"] = 98_304 + 10_000 * i  # 3.6 MB an hour
+    grown = report.slopes(soak)["state_mb"]  # type: ignore[arg-type]
+    assert grown is not None and grown > report.LONG.state_mb
+    samples[-1]["wal_bytes"] = report.WAL_CAP + 1
+    assert not report._capped(samples, "wal_bytes", report.WAL_CAP)["ok"]
