@@ -34,6 +34,9 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_ON = 0, 1, 2, 3
 EVENT_REASONS = frozenset({DEVICE_UNHEALTHY, DEVICE_HEALTHY, DEVICE_HEALTH_UNKNOWN})
 DEFAULT_SHOWN = frozenset({model.UNHEALTHY, model.UNKNOWN})
 WATCH_TIMEOUT = 300  # seconds per watch request; the loop starts the next one
+SIGNAL_CHECK = 0.5
+"""Longest sleep of a watch's main thread, so that a Ctrl-C taken by another thread is
+handled within it (see ``_next_event``)."""
 TAINT_REFRESH = 30.0  # seconds a watch reuses the DeviceTaintRules it read
 #: ``Settings.pod_condition_type``: its variable and default (a unit test keeps them equal).
 CONDITION_TYPE_VARIABLE = "KUBELET_DRA_POD_CONDITION_TYPE"
@@ -415,7 +418,7 @@ def _watch(
             if wait is not None and wait <= 0:
                 return failed
             try:
-                batch = [events.get(timeout=wait)]
+                batch = [_next_event(events, wait)]
             except queue.Empty:
                 return failed
             while not events.empty():
@@ -429,6 +432,24 @@ def _watch(
                 if ns.watch_max_redraws and redraws >= ns.watch_max_redraws:
                     return failed
     return failed
+
+
+def _next_event(events: queue.Queue[Any], wait: float | None) -> Any:
+    """``events.get(timeout=wait)``, waking every :data:`SIGNAL_CHECK` seconds.
+
+    Ctrl-C may be delivered to any thread, here often the feed thread blocked in
+    its read; Python runs the handler only in the main thread, and only once that
+    thread runs again, so a main thread asleep on the queue without a timeout never
+    raised ``KeyboardInterrupt`` (a watch that did not end on SIGINT, seen in CI).
+    """
+    deadline = None if wait is None else time.monotonic() + wait
+    while True:
+        left = SIGNAL_CHECK if deadline is None else min(SIGNAL_CHECK, deadline - time.monotonic())
+        try:
+            return events.get(timeout=max(0.0, left))
+        except queue.Empty:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
 
 
 def _apply_batch(view: View, batch: list[Any], version: str) -> tuple[str, bool]:

@@ -7,15 +7,18 @@ the requests it sent: only GETs, pods in pages, claims only as needed.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import os
 import pathlib
+import platform
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import kubernetes.client
@@ -839,6 +842,51 @@ def test_kubectl_runs_the_plugin_found_on_path(demo: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert [i["device"] for i in json.loads(proc.stdout)["items"]] == ["gpu-1", "gpu-3"]
+
+
+# tgkill and futex by architecture: a signal to one thread, and the wait of a lock.
+_TGKILL, _FUTEX = {"x86_64": (234, 202), "aarch64": (131, 98)}.get(platform.machine(), (0, 0))
+
+
+def _in_syscall(pid: int, tid: int) -> int | None:
+    try:
+        first = pathlib.Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    return int(first) if first.lstrip("-").isdigit() else None
+
+
+@pytest.mark.skipif(not _TGKILL, reason="tgkill's syscall number is not known here")
+def test_a_ctrl_c_taken_by_another_thread_still_ends_a_watch(demo: str) -> None:
+    # The kernel gives a process's SIGINT to any thread; Python runs the handler only
+    # in the main thread, once that runs. A main thread asleep on the event queue with
+    # no timeout never woke (seen in CI). Here the SIGINT goes to a thread that is not
+    # the main one, always: the watch must still end, by its last output.
+    argv = [sys.executable, "-m", "kubelet_dra.kubectl", "--kubeconfig", demo, "devices", "-w"]
+    libc = ctypes.CDLL(None, use_errno=True)
+    with subprocess.Popen(
+        [*argv, "--fail-on", "Unhealthy"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("NODE")
+        # Once the feed thread runs and the main thread sleeps on the queue (a futex):
+        # a signal sent before that is seen when the main thread next runs Python.
+        others: list[int] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            others = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+            if others and _in_syscall(proc.pid, proc.pid) == _FUTEX:
+                break
+            time.sleep(0.01)
+        assert others, "no thread but the main one"
+        assert libc.syscall(_TGKILL, proc.pid, others[0], signal.SIGINT) == 0, ctypes.get_errno()
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail("the watch did not end on a SIGINT delivered to another thread")
+    assert proc.returncode == 3, err
 
 
 def test_interrupting_a_watch_exits_by_the_last_output(demo: str) -> None:
