@@ -848,6 +848,22 @@ def test_kubectl_runs_the_plugin_found_on_path(demo: str) -> None:
 _TGKILL, _FUTEX = {"x86_64": (234, 202), "aarch64": (131, 98)}.get(platform.machine(), (0, 0))
 
 
+@pytest.fixture
+def sigint_not_ignored() -> Iterator[None]:
+    """SIGINT handled, not ignored, in the children started meanwhile.
+
+    A test run started in the background by a shell without job control inherits
+    SIGINT ignored; an exec keeps an ignored signal ignored, and Python then installs
+    no KeyboardInterrupt handler, so no SIGINT could end the watch. A handler of ours
+    is reset to the default by the exec, which is what a user's Ctrl-C finds.
+    """
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def _in_syscall(pid: int, tid: int) -> int | None:
     try:
         first = pathlib.Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()[0]
@@ -857,6 +873,7 @@ def _in_syscall(pid: int, tid: int) -> int | None:
 
 
 @pytest.mark.skipif(not _TGKILL, reason="tgkill's syscall number is not known here")
+@pytest.mark.usefixtures("sigint_not_ignored")
 def test_a_ctrl_c_taken_by_another_thread_still_ends_a_watch(demo: str) -> None:
     # The kernel gives a process's SIGINT to any thread; Python runs the handler only
     # in the main thread, once that runs. A main thread asleep on the event queue with
@@ -865,7 +882,10 @@ def test_a_ctrl_c_taken_by_another_thread_still_ends_a_watch(demo: str) -> None:
     argv = [sys.executable, "-m", "kubelet_dra.kubectl", "--kubeconfig", demo, "devices", "-w"]
     libc = ctypes.CDLL(None, use_errno=True)
     with subprocess.Popen(
-        [*argv, "--fail-on", "Unhealthy"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*argv, "--fail-on", "Unhealthy"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     ) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("NODE")
@@ -889,18 +909,22 @@ def test_a_ctrl_c_taken_by_another_thread_still_ends_a_watch(demo: str) -> None:
     assert proc.returncode == 3, err
 
 
+@pytest.mark.usefixtures("sigint_not_ignored")
 def test_interrupting_a_watch_exits_by_the_last_output(demo: str) -> None:
     argv = [sys.executable, "-m", "kubelet_dra.kubectl", "--kubeconfig", demo, "devices", "-w"]
     cases = (
         (["--fail-on", "Unhealthy"], "NODE", 3),
         (["--fail-on", "Unhealthy", "--node", "elsewhere", "-o", "json"], "{", 0),
     )
-    # faulthandler on: a hang is answered with SIGABRT, which dumps every thread's stack
-    # (once, loaded, a watch did not end within 30 s of its SIGINT; not reproduced since).
+    # faulthandler on: a hang is answered with SIGABRT, which dumps every thread's stack.
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     for extra, first, expected in cases:
         with subprocess.Popen(
-            [*argv, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            [*argv, *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         ) as proc:
             assert proc.stdout is not None
             assert proc.stdout.readline().startswith(first)  # the first output is out
