@@ -211,8 +211,10 @@ def _kind(target: str, tcp: set[str], unix: set[str]) -> str:
         return "tcp"
     if target in unix:
         return "unix"
-    if target.startswith(("socket:", "anon_inode:")):
-        return target.split("[", 1)[0] if target.startswith("socket:") else target
+    if target.startswith("socket:"):
+        return "socket"  # neither TCP nor unix (netlink, UDP, ...)
+    if target.startswith("anon_inode:"):
+        return target
     return "pipe" if target.startswith("pipe:") else "file"
 
 

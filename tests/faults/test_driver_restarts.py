@@ -26,7 +26,6 @@ import random
 import signal
 import sys
 import time
-from collections import Counter
 
 import kubernetes.client
 import pytest
@@ -92,7 +91,7 @@ class _Leaks:
         # A connection or channel being closed can hold its fd for a moment on a loaded
         # machine; a leaked one stays open, so it still fails after the wait.
         await eventually(self._fds_back, what="open fds back to the first count", timeout=5)
-        fds = f"{_total(self.fds)} -> {_total(fx.fd_kinds())}"
+        fds = f"{self.fds.total()} -> {fx.fd_kinds().total()}"
         return f"tasks {len(self.tasks)} -> {len(tasks)}, fds {fds}"
 
     def _fds_back(self) -> bool:
@@ -102,10 +101,6 @@ class _Leaks:
         assert not grown, f"grown (first, now): {grown}"
         assert now["tcp"] <= self.fds["tcp"] + 2 * API_POOL_BOUND, (self.fds["tcp"], now["tcp"])
         return True
-
-
-def _total(kinds: Counter[str]) -> int:
-    return sum(kinds.values())
 
 
 @pytest.mark.parametrize("rounds", fx.versions(3))
