@@ -141,6 +141,25 @@ EQUIVALENT: dict[str, str] = {
         "its check before _schedule() dropped or widened: _schedule() makes the same check "
         "(an entry only for a first or an earlier deadline), so only a call is added",
     ),
+    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_51": (
+        "the persist decision with health and message changes joined by and: unexpired, "
+        "either change is visible (persisted anyway); expired, the persisted copy is older "
+        "than the lease, so the half-lease renewal rule persists it anyway"
+    ),
+    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_83": (
+        "the changed devices noted with the value '' instead of None: the dict is an "
+        "ordered set, only its keys are read"
+    ),
+    **dict.fromkeys(
+        (
+            f"kubelet_dra.state.healthinfo.xǁHealthCacheǁ_delete_overdue__mutmut_{n}"
+            for n in (11, 12, 13)
+        ),
+        "its skip check weakened (and for or, the pool left out of the key): a driver's "
+        "overdue set is taken whole at each of its reports, so an overdue record renewed "
+        "since was renewed by this very report and is unexpired; and one deleted since "
+        "left the set with it, so the record is never missing",
+    ),
     **dict.fromkeys(
         (
             f"kubelet_dra.state.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}"

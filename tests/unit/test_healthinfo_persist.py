@@ -237,3 +237,21 @@ def _check_restart(state: pathlib.Path, cache: healthinfo.HealthCache, now: floa
         assert stored.deadline >= live.last_report + live.lease / 2, (key, stored, live, now)
         checked += 1
     return checked
+
+
+def test_a_deleted_devices_persist_note_goes_with_it(
+    cache: healthinfo.HealthCache, sink: Sink, fake: clock.FakeClock
+) -> None:
+    # The cache notes when it last handed each device to the store. A note kept past the
+    # device's deletion changes no decision (reported again, the device is new and is
+    # persisted at once) but would keep every device ever seen in memory.
+    cache.update(DRV, [rep("a", timeout=2), rep("b", timeout=2)], now=0.0, endpoint="/e")
+    cache.expire(3.0)  # both overdue: the endpoint still streams, so they stay, Unknown
+    cache.update(DRV, [rep("b")], now=4.0, endpoint="/e")  # "a" missing: deleted now
+    assert set(cache._persisted) == {models.DeviceKey(DRV, "pool", "b")}
+    cache.update("other", [rep("c", timeout=2)], now=4.0, endpoint="/o")
+    cache.end_endpoint("other", "/o", now=5.0)
+    cache.expire(7.0)  # its stream ended: deleted at the deadline
+    assert models.DeviceKey("other", "pool", "c") not in cache._persisted
+    deleted = [key for key, record in sink.take() if record is None]
+    assert deleted == [(DRV, "pool", "a"), ("other", "pool", "c")]  # and from the store
