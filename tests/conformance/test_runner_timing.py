@@ -2,7 +2,8 @@
 
 A twin that does not answer within its timeout is a timing failure, not a difference the
 kubelet computed; and a run whose timing failed among concurrent runs is run again on its
-own, while a run that showed a difference is never run again.
+own, while a run that showed a difference is never run again. What an attempt compared
+before its timing failed is kept: an undeclared difference there fails the run.
 """
 
 from __future__ import annotations
@@ -68,3 +69,55 @@ async def test_only_runs_whose_timing_failed_are_run_again_alone(
 
 async def _unused_factory(line: str) -> _twinlike.TwinLike:
     raise AssertionError("run_one is replaced")
+
+
+async def test_differences_of_an_attempt_that_failed_on_timing_fail_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    differs = _compare.Observed("announced", "sync s", "pod p", True, False, "announced")
+    attempts: list[int] = []
+
+    class FakeRun:
+        def __init__(self, scenario: sc.Scenario, line: str, *_: object) -> None:
+            self.scenario, self.line = scenario, line
+
+        async def execute(self) -> _runner.RunResult:
+            attempts.append(1)
+            if len(attempts) == 1:
+                timing = _runner.TimingError("too close to a deadline")
+                timing.observed = [differs]
+                raise timing
+            verdict = _compare.classify(self.scenario, self.line, [])
+            return _runner.RunResult(self.scenario.name, self.line, "", 0.0, [], verdict)
+
+    async def factory(line: str) -> _twinlike.TwinLike:
+        return object()  # type: ignore[return-value]
+
+    monkeypatch.setattr(_runner, "Run", FakeRun)
+    result = await _runner.run_one(_scenario("x"), "1.38", factory)
+    assert len(attempts) == 2 and result.attempts == 2
+    assert result.verdict.earlier == [differs] and not result.ok
+    assert "in an attempt that then failed on timing" in result.report()
+    # Declared, the same difference is no failure.
+    declared = _scenario("x").model_copy(
+        update={
+            "differences": (
+                sc.Difference(
+                    feature="unknown-at-deadline", kinds=("announced",), at=("s",),
+                    subject=("pod p",), field=("announced",), ours=True, twin=False,
+                ),
+            )
+        }
+    )  # fmt: skip
+    attempts.clear()
+    result = await _runner.run_one(declared, "1.38", factory)
+    assert result.verdict.earlier == [] and result.earlier == [differs]
+
+
+def test_a_twin_crash_is_named_by_its_panic_line_and_streams_by_version() -> None:
+    text = "report: ConnectionResetError panic: assignment to entry in nil map\n\ngoroutine 7 [x]:"
+    assert _runner._crash_reason(text) == "panic: assignment to entry in nil map"
+    assert _runner._crash_reason("sync failed: boom\nmore") == "sync failed: boom"
+    before = {"NodeWatchResources/v1": 1, "GetInfo": 1}
+    after = {"NodeWatchResources/v1": 1, "NodeWatchResources/v1alpha1": 1, "GetInfo": 2}
+    assert _runner._new_streams(before, after) == ["v1alpha1"]
