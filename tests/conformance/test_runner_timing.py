@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+import types
 
 import pytest
 
@@ -121,3 +123,33 @@ def test_a_twin_crash_is_named_by_its_panic_line_and_streams_by_version() -> Non
     before = {"NodeWatchResources/v1": 1, "GetInfo": 1}
     after = {"NodeWatchResources/v1": 1, "NodeWatchResources/v1alpha1": 1, "GetInfo": 2}
     assert _runner._new_streams(before, after) == ["v1alpha1"]
+
+
+async def test_a_sync_point_whose_comparisons_outran_a_lease_keeps_only_earlier_ones() -> None:
+    # A 16,384-device sync point takes seconds under load; a 30 s lease reported 29.8 s
+    # ago (real time) ran within the margin of its deadline while it compared, so what it
+    # saw there belongs to the clock. What earlier sync points saw stays.
+    earlier = _compare.Observed("announced", "sync a", "pod p", True, False, "announced")
+    late = _compare.Observed("devices", "sync b", "d/pool/x", "Healthy", "Unknown", "health")
+    run = object.__new__(_runner.Run)
+    run.observed = [earlier]
+    run.nominal = 0.0
+    run.leases = {("d", "pool", "x"): (0.0, time.time() - 29.8, 30.0)}
+
+    async def away() -> None:
+        return None
+
+    async def compare(args: sc.Sync) -> None:
+        run.observed.append(late)
+
+    run._away_from_deadlines = away  # type: ignore[method-assign]
+    run._compare_at = compare  # type: ignore[method-assign]
+    run.ours = types.SimpleNamespace(settled=lambda: True)
+    with pytest.raises(_runner.TimingError, match=r"within 0\.5s of its 30s lease"):
+        await run._do_sync(sc.Sync(name="b"))
+    assert run.observed == [earlier]
+    # A lease far from its deadline, or one the scenario lets run out, is no timing failure.
+    for nominal, real in ((0.0, time.time()), (-31.0, time.time() - 29.8)):
+        run.leases = {("d", "pool", "x"): (nominal, real, 30.0)}
+        await run._do_sync(sc.Sync(name="b"))
+    assert run.observed == [earlier, late, late]

@@ -355,3 +355,71 @@ def test_a_1_36_kubelet_streams_only_from_a_driver_serving_v1alpha1() -> None:
     assert not _runner.twin_streams("1.36", health, ("v1",))
     assert not _runner.twin_streams("1.37", ["v1.DRAPlugin"], ("v1", "v1alpha1"))
     assert _runner.twin_streams("1.37", health, ("v1",))
+
+
+def test_a_declared_difference_past_the_first_twenty_is_kept_and_masked_once() -> None:
+    # 30 devices differ (ours Healthy, the twin has none); only the last is declared. Kept
+    # in order up to the limit, the 20 undeclared ones crowded it out and its declaration
+    # read "declared but not seen" (generated-127's Unhealthy devices, past 16,000 others).
+    scenario = sc.Scenario.model_validate(
+        {
+            "name": "x", "description": "x", "drivers": [{"name": "d"}],
+            "timeline": [{"sync": "s"}],
+            "differences": [
+                {"feature": "lease-outlives-stream", "kinds": ["devices"], "at": ["s"],
+                 "subject": "d/pool/dev-29", "field": "health",
+                 "ours": "Healthy", "twin": "Unknown"},
+            ],
+        }
+    )  # fmt: skip
+    declared = _compare.declared_on(scenario, "1.38")
+    tally = _compare.Tally(declared)
+    ours = {("d", "pool", f"dev-{i}"): ("Healthy", "") for i in range(30)}
+    found = _compare.compare_devices("sync s", ours, {}, 0.0, tally=tally)
+    late = _compare.Observed("devices", "sync s", "d/pool/dev-29", "Healthy", "Unknown", "health")
+    assert late in found and len(found) == 21
+    verdict = _compare.classify(scenario, "1.38", found)
+    assert [d.feature for d in verdict.seen] == ["lease-outlives-stream"] and not verdict.missing
+    assert len(verdict.unexplained) == 20
+    # Each device's health and message compared once; the declaration masks one of them.
+    assert (tally.total, tally.masked) == (60, [1])
+    # The same declaration at another sync point covers nothing there.
+    elsewhere = _compare.compare_devices("sync t", ours, {}, 0.0, tally=tally)
+    assert late.subject not in {o.subject for o in elsewhere} and tally.masked == [1]
+
+
+def test_the_generator_counts_the_cap_on_each_side_after_a_stream_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A full driver's stream ends: the kubelet's clearDriver empties its cache, ours keeps
+    # the leases. A new device then fits the kubelet's cap and not ours (generated-127,
+    # dev-16571: ours Unknown, the twin Unhealthy, undeclared while the model counted the
+    # kubelet's side only).
+    monkeypatch.setattr(_generate, "CAP", 2)
+    model = _generate._Model({("d", "dev-c"): {"pod-x"}})
+    healthy = ("Healthy", "")
+    model.report("d", [("dev-a", healthy, 30.0), ("dev-b", healthy, 30.0)], 0.0)
+    model.sync(0.0)
+    model.end("d", 1.0)
+    model.report("d", [("dev-c", ("Unhealthy", "XID"), 30.0)], 2.0)
+    differ = model.reads_differ(2.0)  # dev-a and dev-b: the leases we kept, as before
+    assert differ[("d", "dev-c")] == (("Unknown", ""), ("Unhealthy", "XID"))
+    ours, kubelet, causes = model.sync(2.0)
+    assert (ours, kubelet) == (set(), {"pod-x"})
+    assert causes == {"pod-x": {"lease-outlives-stream"}}
+
+
+def test_every_generated_driver_past_the_cap_ends_its_stream_within_three_episodes() -> None:
+    for seed in _generate.SEEDS:
+        scenario = _generate.scenario(seed)
+        big = {
+            step.args.driver
+            for step in scenario.timeline
+            if isinstance(step.args, sc.Report) and len(step.args.devices) > 100
+        }
+        if not big:
+            continue
+        ends = [s.args.driver for s in scenario.timeline if isinstance(s.args, sc.EndStream)]
+        reports = sum(isinstance(s.args, sc.Report) for s in scenario.timeline)
+        assert ends and ends[-1] in big, seed
+        assert reports + len(ends) <= _generate.BIG_EPISODES + 1, seed
