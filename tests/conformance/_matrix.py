@@ -27,38 +27,92 @@ BEGIN = "<!-- matrix: written by `python -m tests.conformance._suite --write-mat
 END = "<!-- end of matrix -->"
 
 
-LEASE_OUTLIVES_STREAM: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
-    # scenario: ((kinds, sync point), ...), on every line the scenario runs on.
+Declaration = dict[str, object]
+
+
+def _kept(
+    at: str, device: str, listed: Sequence[tuple[str, str]], health: str, message: str = ""
+) -> list[Declaration]:
+    """A stream ended and no report came since: at ``at`` our cache keeps ``device``'s
+    last ``health`` (and ``message``), the kubelet's cleared cache reads Unknown with no
+    message, in both caches and in each status entry ``listed`` ((subject, entry))."""
+    values = [("health", health, "Unknown")] + ([("message", message, "")] if message else [])
+    out: list[Declaration] = []
+    for field, ours, twin in values:
+        out.append(
+            {"feature": "lease-outlives-stream", "kinds": ["devices"], "at": [at],
+             "subject": [device], "field": [field], "ours": ours, "twin": twin}
+        )  # fmt: skip
+        for subject, entry in listed:
+            out.append(
+                # Up to 1.35 a claim the pod names directly has no entry on the kubelet's
+                # side at all (claim-name-fallback): nothing there to read Unknown.
+                {"feature": "lease-outlives-stream", "lines": ">=1.36", "kinds": ["status"],
+                 "at": [at], "subject": [subject],
+                 "field": [f"entry {entry} resource {device} {field}"],
+                 "ours": ours, "twin": twin}
+            )  # fmt: skip
+    return out
+
+
+def _new_again(at: str, *pods: str) -> list[Declaration]:
+    """The driver reported the same again: new to the kubelet's cleared cache (it
+    announces the pods), no change for us (we announce nothing)."""
+    return [
+        {"feature": "lease-outlives-stream", "kinds": ["announced"], "at": [at],
+         "subject": [f"pod {p}" for p in pods], "field": ["announced"],
+         "ours": False, "twin": True}
+    ]  # fmt: skip
+
+
+_GPU = "gpu.example.com/pool/dev-0"
+_POD_A = (("pod pod-a containerStatuses[main]", "claim:gpu"),)
+
+LEASE_OUTLIVES_STREAM: dict[str, list[Declaration]] = {
     # Where the stream ended (or the endpoint went) and no report came since, our
     # cache and pods keep the last state and the kubelet's read Unknown; where the
     # driver then reports the same again, the kubelet announces the pods (new to
     # its cleared cache) and we announce nothing (nothing changed).
-    "clear-driver": ((("status", "devices"), "cleared"),),
-    "e2e-plugin-stop-restart": ((("status", "devices"), "stopped"), (("announced",), "restarted")),
-    "go-helper-restart": ((("announced",), "restarted"),),
-    "go-helper-stream-error": ((("status", "devices"), "failed"), (("announced",), "reconnected")),
-    "reregister": ((("announced",), "registered-again"),),
-    "restart-new-socket": ((("announced",), "restarted"),),
-    "restart-same-socket": ((("status", "devices"), "broken"), (("announced",), "reconnected")),
-    "stream-eof": ((("status", "devices"), "ended"), (("announced",), "reconnected")),
-    "stream-error": ((("status", "devices"), "failed"), (("announced",), "reconnected")),
-    "two-drivers-one-ends": ((("status", "devices"), "nic-ended"),),
-    "unimplemented-after-reports": (
-        (("status", "devices"), "stopped"),
-        (("announced",), "registered-again"),
+    "clear-driver": _kept("cleared", _GPU, _POD_A, "Healthy"),
+    "e2e-plugin-stop-restart": [
+        *_kept("stopped", _GPU, _POD_A, "Healthy"),
+        *_new_again("restarted", "pod-a"),
+    ],
+    "go-helper-restart": _new_again("restarted", "pod-a"),
+    "go-helper-stream-error": [
+        *_kept("failed", _GPU, _POD_A, "Unhealthy", "ECC"),
+        *_new_again("reconnected", "pod-a"),
+    ],
+    "reregister": _new_again("registered-again", "pod-a"),
+    "restart-new-socket": _new_again("restarted", "pod-a"),
+    "restart-same-socket": [
+        *_kept("broken", _GPU, _POD_A, "Unhealthy"),
+        *_new_again("reconnected", "pod-a"),
+    ],
+    "stream-eof": [*_kept("ended", _GPU, _POD_A, "Healthy"), *_new_again("reconnected", "pod-a")],
+    "stream-error": [
+        *_kept("failed", _GPU, _POD_A, "Unhealthy"),
+        *_new_again("reconnected", "pod-a"),
+    ],
+    "two-drivers-one-ends": _kept(
+        "nic-ended",
+        "nic.example.com/pool/nic-0",
+        (("pod pod-nic containerStatuses[main]", "claim:nic"),),
+        "Unhealthy",
     ),
+    "unimplemented-after-reports": [
+        *_kept("stopped", _GPU, _POD_A, "Healthy"),
+        *_new_again("registered-again", "pod-a"),
+    ],
 }
-"""The written scenarios' ``lease-outlives-stream`` declarations, in one place (the
-loader adds them to each scenario's ``differences``); generated scenarios declare it
-from the generator's model."""
+"""The written scenarios' ``lease-outlives-stream`` declarations, scoped (sync point,
+subject, field, both values), in one place: the loader adds them to each scenario's
+``differences``; generated scenarios declare it from the generator's model."""
 
 
-def declared(scenario: str) -> list[dict[str, object]]:
+def declared(scenario: str) -> list[Declaration]:
     """The table's declarations of ``scenario`` as ``differences`` entries."""
-    return [
-        {"feature": "lease-outlives-stream", "kinds": list(kinds), "at": [at]}
-        for kinds, at in LEASE_OUTLIVES_STREAM.get(scenario, ())
-    ]
+    return [dict(d) for d in LEASE_OUTLIVES_STREAM.get(scenario, ())]
 
 
 class _Result(Protocol):

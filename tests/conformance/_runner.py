@@ -27,7 +27,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from kubelet_dra import cli
@@ -50,10 +50,21 @@ ATTEMPTS = 3
 """Runs of a scenario whose timing a slow machine could not keep (never one that
 showed a difference)."""
 STATE_FILE = "dra_health_state"
+STREAM_DEADLINE = 10.0
+"""Longest wait for one side's health stream after it registered (a loaded machine)."""
 
 
 class TimingError(Exception):
-    """A sync point fell too close to a lease deadline to compare reliably."""
+    """A sync point fell too close to a lease deadline to compare reliably.
+
+    ``observed``: what the attempt had compared by then (kept: an undeclared difference
+    there fails the run even if a later attempt keeps its timing)."""
+
+    observed: list[_compare.Observed]
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.observed = []
 
 
 TwinFactory = Callable[[str], Awaitable[_twinlike.TwinLike]]
@@ -74,6 +85,13 @@ class RunResult:
     """The run could not keep its timing in :data:`ATTEMPTS` attempts."""
     alone: bool = False
     """Re-run on its own after its timing failed among concurrent runs."""
+    compared: int = 0
+    """Comparisons the run made (the last attempt)."""
+    masked: list[tuple[sc.Difference, int]] = dataclasses.field(default_factory=list)
+    """Per declaration of the line: the comparisons in its scope (what it could mask)."""
+    earlier: list[_compare.Observed] = dataclasses.field(default_factory=list)
+    """Everything attempts that failed on timing observed (their undeclared differences
+    are in ``verdict.earlier`` and fail the run)."""
 
     @property
     def ok(self) -> bool:
@@ -95,11 +113,13 @@ class RunResult:
             lines.append(f"  run error: {self.error}")
         for obs in self.verdict.unexplained:
             lines.append("  UNDECLARED " + obs.render().replace("\n", "\n  "))
-        for diff in self.verdict.missing:
-            where = f" at {', '.join(diff.at)}" if diff.at else ""
+        for obs in self.verdict.earlier:
             lines.append(
-                f"  DECLARED BUT NOT SEEN: {diff.feature} ({', '.join(diff.kinds)}){where}"
+                "  UNDECLARED (in an attempt that then failed on timing) "
+                + obs.render().replace("\n", "\n  ")
             )
+        for diff in self.verdict.missing:
+            lines.append(f"  DECLARED BUT NOT SEEN: {diff.where()}")
         return "\n".join(lines)
 
 
@@ -107,11 +127,21 @@ def _twin_line(line: str) -> int:
     return int(line.split(".")[1])
 
 
-def twin_streams(line: str, services: Sequence[str]) -> bool:
-    """Whether this kubelet line opens a health stream for these services."""
+CAP = 16_384
+"""The kubelet's devices per driver from 1.37 (healthinfo.go maxDevicesPerDriver)."""
+
+
+def twin_streams(
+    line: str, services: Sequence[str], served: Sequence[str] = ("v1", "v1alpha1")
+) -> bool:
+    """Whether this kubelet line opens a health stream the driver sees, for these
+    advertised services and the health versions the driver serves (``served``)."""
     if _twin_line(line) >= 37:
         return any(s in services for s in ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"))
-    return True
+    # Up to 1.36 the manager always watches v1alpha1 (plugin/dra_plugin.go: its
+    # healthClient is a v1alpha1 DRAResourceHealthClient); a driver that does not serve it answers
+    # UNIMPLEMENTED from gRPC itself, so no stream reaches the driver.
+    return "v1alpha1" in served
 
 
 class Run:
@@ -132,6 +162,7 @@ class Run:
         self.drivers: dict[tuple[str, str], Driver] = {}
         self.registered: dict[tuple[str, str], str] = {}  # (driver, endpoint name) -> socket
         self.observed: list[_compare.Observed] = []
+        self.tally = _compare.Tally(_compare.declared_on(scenario, line))
         self.at = "setup"
         self.claims = {c.name: _objects.claim_object(scenario, c) for c in scenario.claims}
         self.pods = {p.name: _objects.pod_object(scenario, p) for p in scenario.pods}
@@ -156,11 +187,20 @@ class Run:
                 await self._step(step)
             self.at = "end"
             await self._final()
+            self.tally.compare("twin", self.at, "twin", "exit")
         except _twinlike.TwinTimeout as exc:
-            raise TimingError(f"the twin fell behind: {exc}") from None
+            timing = TimingError(f"the twin fell behind: {exc}")
+            timing.observed = self.observed
+            raise timing from None
         except _twinlike.TwinCrashed as exc:
-            self.observed.append(_compare.Observed("twin", self.at, "twin", "running", str(exc)))
-        except TimingError:
+            self.tally.compare("twin", self.at, "twin", "exit")
+            self.observed.append(
+                _compare.Observed(
+                    "twin", self.at, "twin", "running", _crash_reason(str(exc)), "exit", str(exc)
+                )
+            )
+        except TimingError as exc:
+            exc.observed = self.observed
             raise
         except Exception as exc:
             error = f"{self.at}: {type(exc).__name__}: {exc}"
@@ -175,6 +215,8 @@ class Run:
             self.observed,
             verdict,
             error,
+            compared=self.tally.total,
+            masked=list(zip(self.tally.declared, self.tally.masked, strict=True)),
         )
 
     async def _setup(self) -> None:
@@ -191,7 +233,7 @@ class Run:
             await self._start_endpoint(driver, "main", register=driver.registered)
         for pod in self.scenario.pods:
             if pod.prepare:
-                await self._prepare(pod.name)
+                await self._prepare(pod.name, fails=pod.prepare_fails)
         await self._settle()
 
     async def _claims_from_apiserver(self) -> None:
@@ -285,34 +327,65 @@ class Run:
             await self._register(spec.name, endpoint)
 
     async def _register(self, driver: str, endpoint: str) -> None:
+        """Register on the twin, then on ours, each time noting which health stream that
+        side opened (the driver counts the calls per method and version)."""
         drv = self.drivers[(driver, endpoint)]
         socket = str(drv.dra_socket)
         services = drv.supported_versions
-        calls = _stream_calls(drv)
+        health = any("DRAResourceHealth" in s for s in services)
+        before = dict(drv.calls)
         twin = await self.twin.register(driver, socket, services)
+        served = tuple(getattr(drv, "health_versions", ("v1", "v1alpha1")))
+        if twin.get("ok") and twin_streams(self.line, services, served):
+            await self._stream_opened(drv, before, "the twin")
+        twin_stream = _new_streams(before, drv.calls)
+        before = dict(drv.calls)
         ours = await self.ours.register(driver, socket, services)
-        self._compare_registration(driver, socket, twin, ours)
-        self.registered[(driver, endpoint)] = socket
-        expected = calls
-        if twin.get("ok") and twin_streams(self.line, services):
-            expected += 1
-        if ours is None and any("DRAResourceHealth" in s for s in services):
-            expected += 1
-        await _until(lambda: _stream_calls(drv) >= expected, 3.0)
-        await asyncio.sleep(SETTLE)
-
-    def _compare_registration(
-        self, driver: str, endpoint: str, twin: _twinlike.Reply, ours: str | None
-    ) -> None:
-        twin_ok, ours_ok = bool(twin.get("ok")), ours is None
-        if twin_ok != ours_ok:
+        if ours is None and health:
+            await self._stream_opened(drv, before, "our side")
+        ours_stream = _new_streams(before, drv.calls)
+        # Subjects name the scenario's endpoint ("main"), not the run's socket path.
+        self._compare_registration(driver, endpoint, twin, ours, refused=False)
+        subject = f"register {driver} at {endpoint}"
+        self.tally.compare("registration", self.at, subject, "health stream")
+        if twin.get("ok") and ours is None and ours_stream != twin_stream:
             self.observed.append(
                 _compare.Observed(
-                    "registration",
-                    self.at,
-                    f"register {driver} at {endpoint}",
-                    "accepted" if ours_ok else f"refused: {ours}",
-                    "accepted" if twin_ok else f"refused: {twin.get('error')}",
+                    "registration", self.at, subject, ours_stream, twin_stream, "health stream"
+                )
+            )
+        self.registered[(driver, endpoint)] = socket
+        await asyncio.sleep(SETTLE)
+
+    async def _stream_opened(self, drv: Driver, before: Mapping[str, int], side: str) -> None:
+        """A side that registered a health service opens a stream (every line does, even one
+        the driver answers UNIMPLEMENTED): not within the deadline is the machine's timing."""
+        if not await _until(lambda: _stream_calls(drv) > _count_streams(before), STREAM_DEADLINE):
+            raise TimingError(f"{side} opened no health stream within {STREAM_DEADLINE:g}s")
+
+    def _compare_registration(
+        self,
+        driver: str,
+        endpoint: str,
+        twin: _twinlike.Reply,
+        ours: str | None,
+        *,
+        refused: bool,
+    ) -> None:
+        """The outcome on each side against each other and against the scenario's: both
+        refusing is the same only where the scenario says the registration is refused."""
+        twin_out = "accepted" if twin.get("ok") else "refused"
+        ours_out = "accepted" if ours is None else "refused"
+        subject = f"register {driver} at {endpoint}"
+        self.tally.compare("registration", self.at, subject, "outcome")
+        expected = "refused" if refused else "accepted"
+        if twin_out != ours_out or ours_out != expected:
+            detail = f"ours: {ours or 'accepted'}; twin: {twin.get('error') or 'accepted'}"
+            if twin_out == ours_out:
+                detail += f"; the scenario says {expected}"
+            self.observed.append(
+                _compare.Observed(
+                    "registration", self.at, subject, ours_out, twin_out, "outcome", detail
                 )
             )
 
@@ -354,6 +427,11 @@ class Run:
                 raise TimingError(f"our stream: {args.times} reports took over {REPORT_DEADLINE}s")
         if sent and not drv.silent:
             await self._twin_took(args.driver, sent[0])
+            if len(sent) > 1 and (_twin_line(self.line) < 37 or len(sent) <= CAP):
+                # A big report: its last device too (a 1.35 run under load once read the
+                # checkpoint with the first 16,384 of 20,000 devices only). From 1.37 the
+                # kubelet ignores devices past the cap: nothing to wait for there.
+                await self._twin_took(args.driver, sent[-1])
         await self._settle()
 
     async def _twin_took(self, driver: str, device: dict[str, Any]) -> None:
@@ -453,18 +531,21 @@ class Run:
     async def _do_register(self, args: sc.Register) -> None:
         twin = await self.twin.register(args.driver, args.endpoint, args.services)
         ours = await self.ours.register(args.driver, args.endpoint, args.services)
-        self._compare_registration(args.driver, args.endpoint, twin, ours)
+        self._compare_registration(args.driver, args.endpoint, twin, ours, refused=args.refused)
         await asyncio.sleep(SETTLE)
 
     async def _do_prepare(self, args: sc.PodRef) -> None:
-        await self._prepare(args.pod)
+        await self._prepare(args.pod, fails=args.fails)
         await self._settle()
 
-    async def _prepare(self, name: str) -> None:
+    async def _prepare(self, name: str, *, fails: bool) -> None:
         pod = self.pods[name]
         twin = await self.twin.prepare(pod)
         twin_error = "" if twin.get("ok") and not twin.get("error") else str(twin.get("error"))
         ours = await self.ours.prepare(pod, self.claims)
+        if any("DEADLINE_EXCEEDED" in text for text in (twin_error, ours or "")):
+            # The driver's answer came too late on a loaded machine: timing, not a result.
+            raise TimingError(f"prepare of pod {name} timed out: {ours or twin_error}")
         if (twin_error or ours) and self.scenario.uses_go_helper():
             # Its claims come from the kube-apiserver and it prepares every claim: a failure
             # is a broken run (claims or answers not what the scenario says), and a failure
@@ -473,26 +554,52 @@ class Run:
                 f"prepare of pod {name} failed with the Go helper driver: "
                 f"twin: {twin_error or 'prepared'}; ours: {ours or 'prepared'}"
             )
-        if bool(twin_error) != bool(ours):
+        self._compare_prepare(name, ours, twin_error, fails=fails)
+
+    def _compare_prepare(
+        self, name: str, ours: str | None, twin_error: str, *, fails: bool
+    ) -> None:
+        """By content: the outcome (both failing is the same only where the scenario says
+        the pod's prepare fails) and, when both failed, which of the pod's claims each
+        error names."""
+        subject = f"pod {name}"
+        expected = "failed" if fails else "prepared"
+        ours_out = "failed" if ours else "prepared"
+        twin_out = "failed" if twin_error else "prepared"
+        self.tally.compare("prepare", self.at, subject, "outcome")
+        detail = f"ours: {ours or 'prepared'}; twin: {twin_error or 'prepared'}"
+        if ours_out != twin_out or ours_out != expected:
+            if ours_out == twin_out:
+                detail += f"; the scenario says {expected}"
             self.observed.append(
                 _compare.Observed(
-                    "prepare",
-                    self.at,
-                    f"prepare pod {name}",
-                    f"failed: {ours}" if ours else "prepared",
-                    f"failed: {twin_error}" if twin_error else "prepared",
+                    "prepare", self.at, subject, ours_out, twin_out, "outcome", detail
                 )
             )
+            return
+        if ours and twin_error:
+            self.tally.compare("prepare", self.at, subject, "claims named")
+            claims = [c.claim for c in self.scenario.pod(name).claims]
+            mine = sorted(c for c in claims if c in ours)
+            theirs = sorted(c for c in claims if c in twin_error)
+            if mine != theirs:
+                self.observed.append(
+                    _compare.Observed(
+                        "prepare", self.at, subject, mine, theirs, "claims named", detail
+                    )
+                )
 
     async def _do_unprepare(self, args: sc.PodRef) -> None:
         pod = self.pods[args.pod]
         reply = await self.twin.unprepare(pod)
+        self.tally.compare("prepare", self.at, f"pod {args.pod}", "unprepare")
         if not reply.get("ok"):
             self.observed.append(
                 _compare.Observed(
-                    "prepare", self.at, f"unprepare pod {args.pod}", "ok", reply.get("error")
+                    "prepare", self.at, f"pod {args.pod}", "unprepared", "failed", "unprepare",
+                    str(reply.get("error")),
                 )
-            )
+            )  # fmt: skip
         self.ours.unprepare(pod)
         await self._settle()
 
@@ -511,28 +618,49 @@ class Run:
         await self._away_from_deadlines()
         if not await _until(self.ours.settled, REPORT_DEADLINE):
             raise TimingError("our deadline task or status callback fell behind wall-clock time")
+        kept = len(self.observed)
+        await self._compare_at(args)
+        try:
+            self._still_before_deadlines()
+        except TimingError:
+            # The comparisons straddled a lease deadline the scenario means to be ahead
+            # (a 16,384-device sync point takes seconds on a loaded machine): what they
+            # saw is the clock's, not a difference of either side. Earlier sync points'
+            # differences stay and fail the run.
+            del self.observed[kept:]
+            raise
+
+    def _still_before_deadlines(self) -> None:
+        """After a sync point's comparisons: no lease the scenario means to be running
+        came within :data:`DEADLINE_MARGIN` of its deadline while they were made."""
+        now = time.time()
+        for key, (nominal, real, lease) in self.leases.items():
+            if self.nominal - nominal <= lease and now > real + lease - DEADLINE_MARGIN:
+                raise TimingError(
+                    f"{'/'.join(key)}: the sync point's comparisons ended {now - real:.2f}s "
+                    f"after the report, within {DEADLINE_MARGIN}s of its {lease:g}s lease"
+                )
+
+    async def _compare_at(self, args: sc.Sync) -> None:
         reply = await self._twin_ok("sync", self.twin.sync(list(self.pods.values())))
         announced = self.ours.take_announced()
         twin_announced = {self.names.get(u, u) for u in reply.get("announced") or ()}
         ours_announced = {self.names.get(u, u) for u in announced}
-        if twin_announced != ours_announced:
-            self.observed.append(
-                _compare.Observed(
-                    "announced", args.name, "pods announced since the previous sync",
-                    sorted(ours_announced), sorted(twin_announced),
-                )
-            )  # fmt: skip
+        self.observed += _compare.compare_announced(
+            args.name, ours_announced, twin_announced, self.pods, tally=self.tally
+        )
         statuses = reply.get("statuses") or {}
         ordered = _twin_line(self.line) >= 38
         for name, pod in self.pods.items():
             uid = pod["metadata"]["uid"]
             self.observed += _compare.compare_status(
-                args.name, name, self.ours.status_of(pod), statuses.get(uid) or {}, ordered=ordered
-            )
+                args.name, name, self.ours.status_of(pod), statuses.get(uid) or {},
+                ordered=ordered, tally=self.tally,
+            )  # fmt: skip
         state = (await self._twin_ok("state", self.twin.state())).get("state")
         now = time.time()
         self.observed += _compare.compare_devices(
-            args.name, self.ours.devices(self.keys), state, now
+            args.name, self.ours.devices(self.keys), state, now, tally=self.tally
         )
         if self.scenario.compare_stored:
             await self._compare_stored(args.name, state)
@@ -541,9 +669,10 @@ class Run:
         rows, error = await _cache_show(self.dir / "ours", flag="--state-dir")
         ours = sorted("/".join(_compare.row_key(r)) for r in rows)
         twin = sorted("/".join(_compare.row_key(r)) for r in _compare.checkpoint_rows(state))
+        self.tally.compare("stored", at, "stored", "devices")
         if error or ours != twin:
             self.observed.append(
-                _compare.Observed("stored", at, "devices each cache stores", error or ours, twin)
+                _compare.Observed("stored", at, "stored", error or ours, twin, "devices")
             )
 
     async def _away_from_deadlines(self) -> None:
@@ -637,15 +766,16 @@ class Run:
             if after.get("raw") == before.get("raw"):
                 break  # the CLI read what the twin's view shows (no reconnect in between)
         state = after.get("state")
+        self.tally.compare("checkpoint", "end", "cache show", "exit")
         if error:
             self.observed.append(
                 _compare.Observed(
-                    "checkpoint", "end", "cache show --kubelet-state", f"error: {error}",
-                    f"{len(_compare.checkpoint_rows(state))} devices",
+                    "checkpoint", "end", "cache show", f"error: {error}",
+                    f"{len(_compare.checkpoint_rows(state))} devices", "exit",
                 )
             )  # fmt: skip
             return
-        self.observed += _compare.compare_cli(rows, state)
+        self.observed += _compare.compare_cli(rows, state, tally=self.tally)
 
 
 def fakedriver_not_supported() -> str:
@@ -660,7 +790,29 @@ def _reconnected(drv: Driver, calls: int) -> bool:
 
 
 def _stream_calls(drv: Driver) -> int:
-    return sum(n for m, n in drv.calls.items() if m.startswith("NodeWatchResources/"))
+    return _count_streams(drv.calls)
+
+
+def _count_streams(calls: Mapping[str, int]) -> int:
+    return sum(n for m, n in calls.items() if m.startswith("NodeWatchResources/"))
+
+
+def _new_streams(before: Mapping[str, int], after: Mapping[str, int]) -> list[str]:
+    """The health API versions whose streams were opened between two call counts."""
+    return sorted(
+        m.removeprefix("NodeWatchResources/")
+        for m, n in after.items()
+        if m.startswith("NodeWatchResources/") and n > before.get(m, 0)
+    )
+
+
+def _crash_reason(text: str) -> str:
+    """The twin's failure in a form a declaration can fix: the Go panic's first line (no
+    addresses or goroutine numbers), else the error's first line."""
+    for line in text.splitlines():
+        if "panic: " in line:
+            return line[line.index("panic: ") :].strip()
+    return text.splitlines()[0].strip() if text else ""
 
 
 async def _until(predicate: Callable[[], bool], timeout: float) -> bool:
@@ -707,8 +859,13 @@ async def run_one(
     *,
     keep: bool = False,
     gohelper: _godriver.GoHelperEnv | None = None,
+    earlier: Sequence[_compare.Observed] = (),
 ) -> RunResult:
-    """One run; repeated (at most :data:`ATTEMPTS` times) only if its timing failed."""
+    """One run; repeated (at most :data:`ATTEMPTS` times) only if its timing failed.
+
+    What a failed attempt compared before its timing failed is kept (``earlier``, from
+    previous calls too): its undeclared differences fail the run."""
+    seen = list(earlier)
     for attempt in range(1, ATTEMPTS + 1):
         # Short directories: unix socket paths are limited to 107 bytes.
         workdir = pathlib.Path(tempfile.mkdtemp(prefix="kc"))
@@ -717,14 +874,17 @@ async def run_one(
             twin = await factory(line)
             result = await Run(scenario, line, twin, workdir, gohelper).execute()
             result.attempts = attempt
+            result.earlier = seen
+            result.verdict = _compare.classify(scenario, line, result.observed, seen)
             return result
         except TimingError as exc:
+            seen += exc.observed
             if attempt == ATTEMPTS:
-                verdict = _compare.classify(scenario, line, [])
+                verdict = _compare.classify(scenario, line, [], seen)
                 return RunResult(
                     scenario.name, line, "", time.monotonic() - began, [], verdict,
                     f"timing could not be kept in {ATTEMPTS} attempts: {exc}", ATTEMPTS,
-                    timing=True,
+                    timing=True, earlier=seen,
                 )  # fmt: skip
         finally:
             if not keep:
@@ -759,7 +919,9 @@ async def run_all(
         # difference never does.
         for i, result in enumerate(results):
             if result.timing:
-                results[i] = await run_one(chosen[i], line, factory, gohelper=gohelper)
+                results[i] = await run_one(
+                    chosen[i], line, factory, gohelper=gohelper, earlier=result.earlier
+                )
                 results[i].alone = True
         return results
     finally:

@@ -13,7 +13,9 @@ DRA manager (``pkg/kubelet/cm/dra/manager.go``) reads.
 
 from __future__ import annotations
 
+import functools
 import pathlib
+import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -238,6 +240,9 @@ class Pod(_Model):
     init_containers: tuple[Container, ...] = ()
     prepare: bool = True
     """Prepared (PrepareResources) before the timeline starts."""
+    prepare_fails: bool = False
+    """The prepare before the timeline fails (on both sides unless a difference is
+    declared): only then is a failure on both sides the same."""
 
     @pydantic.model_validator(mode="after")
     def _refs_known(self) -> Pod:
@@ -294,6 +299,9 @@ class Register(_Step):
     driver: str
     endpoint: str
     services: tuple[str, ...] = ("v1.DRAPlugin", "v1.DRAResourceHealth")
+    refused: bool = False
+    """The registration is refused (on both sides unless a difference is declared):
+    only then is a refusal on both sides the same."""
 
 
 class Sync(_Step):
@@ -306,6 +314,9 @@ class Wait(_Step):
 
 class PodRef(_Step):
     pod: str
+    fails: bool = False
+    """``prepare`` only: PrepareResources fails (on both sides unless a difference is
+    declared): only then is a failure on both sides the same."""
 
 
 class PauseUpdates(_Step):
@@ -368,14 +379,40 @@ def _short(exc: pydantic.ValidationError) -> str:
     )
 
 
+ALLOW_BLANKET = False
+"""Whether a declaration may leave out its scope (``subject`` and ``field``): only to
+measure what the old, blanket declarations masked (``_suite --allow-blanket``)."""
+
+AT_SPECIAL = ("setup", "end")
+"""Where a declaration can show besides the sync points: before the timeline and after
+it (the ``cache show`` check); ``step <i>`` names one timeline step (a registration)."""
+
+
 class Difference(_Model):
-    """A deliberate difference: which feature, on which lines, where it shows."""
+    """A deliberate difference, scoped: which feature, on which lines, and exactly where it
+    shows: sync points (``at``), subjects, fields and, where fixed, each side's value.
+
+    A comparison is covered only if its kind, sync point, subject and field are all named
+    (and its values are the declared ones where ``ours``/``twin`` are given); every other
+    comparison still compares. ``docs/conformance.md`` lists the subjects and fields.
+    """
 
     feature: str
     lines: tuple[str, ...] = LINES
     kinds: tuple[str, ...]
     at: tuple[str, ...] = ()
-    """Sync points where it shows (empty: anywhere, including the after-run checks)."""
+    """Sync points (or ``setup``, ``end``, ``step <i>``) where it shows."""
+    subject: tuple[str, ...] = ()
+    """What differs: ``pod <pod> <containerStatuses|initContainerStatuses>[<container>]``
+    (status), ``pod <pod>`` (announced, prepare), ``<driver>/<pool>/<device>`` (devices,
+    checkpoint), ``register <driver> at <endpoint>``, ``twin``, ``stored``."""
+    field: tuple[str, ...] = ()
+    """Which part of the subject differs, e.g. ``entry claim:r0`` or ``message``."""
+    ours: Any = None
+    """Our value, where it is fixed (compared exactly, ``null`` included; leave it out
+    where it is not fixed)."""
+    twin: Any = None
+    """The kubelet's value, where it is fixed."""
     note: str = ""
 
     @pydantic.field_validator("feature")
@@ -390,6 +427,21 @@ class Difference(_Model):
     def _lines(cls, value: Any) -> Any:
         return _expand_lines(value)
 
+    @pydantic.field_validator("at", "subject", "field", mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
+
+    @pydantic.field_validator("subject", mode="after")
+    @classmethod
+    def _ranges(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(name for item in value for name in _expand_range(item))
+
+    @functools.cached_property
+    def subjects(self) -> frozenset[str]:
+        """``subject`` as a set (a range can name thousands of devices)."""
+        return frozenset(self.subject)
+
     @pydantic.field_validator("kinds")
     @classmethod
     def _kinds(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -397,6 +449,66 @@ class Difference(_Model):
             if kind not in KINDS:
                 raise ValueError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _scoped(self) -> Difference:
+        if not self.blanket or ALLOW_BLANKET:
+            return self
+        left = [name for name in ("at", "subject", "field") if not getattr(self, name)]
+        raise ValueError(
+            f"difference {self.feature}: a declaration names where it shows; give "
+            f"{', '.join(left)} (see 'Declared differences' in docs/conformance.md)"
+        )
+
+    @property
+    def blanket(self) -> bool:
+        """Declared the old way: a kind of comparison, at no subject and field."""
+        return not (self.at and self.subject and self.field)
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        """The sides whose value the declaration fixes."""
+        return {k: getattr(self, k) for k in ("ours", "twin") if k in self.model_fields_set}
+
+    def where(self) -> str:
+        """One line naming the scope (for reports)."""
+        parts = [f"{self.feature} ({', '.join(self.kinds)})"]
+        if self.at:
+            parts.append("at " + ", ".join(self.at))
+        if self.subject:
+            shown = (
+                self.subject
+                if len(self.subject) <= 6
+                else (*self.subject[:3], f"... ({len(self.subject)} subjects)", self.subject[-1])
+            )
+            parts.append("on " + ", ".join(shown))
+        if self.field:
+            parts.append("field " + ", ".join(self.field))
+        parts += [f"{k} = {v!r}" for k, v in self.fixed.items()]
+        return " ".join(parts)
+
+
+def at_matches(declared: str, at: str) -> bool:
+    """Whether an observation's place (``sync s1``, ``step 3 (register)``, ``end``) is the
+    declared one (``s1``, ``step 3``, ``end``)."""
+    if at.startswith("sync "):
+        at = at[len("sync ") :]
+    return declared == at or at.startswith(declared + " (")
+
+
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+
+
+def _expand_range(item: str) -> list[str]:
+    """``dev-{16384..19999}``: one subject per number, both ends included (the devices
+    past the cap, named one by one without listing 3,616 of them)."""
+    match = _RANGE.search(item)
+    if match is None:
+        return [item]
+    low, high = int(match.group(1)), int(match.group(2))
+    if high < low or high - low > 100_000:
+        raise ValueError(f"bad range {match.group(0)!r} in {item!r}")
+    return [item[: match.start()] + str(n) + item[match.end() :] for n in range(low, high + 1)]
 
 
 def _expand_lines(value: Any) -> Any:
@@ -491,7 +603,11 @@ class Scenario(_Model):
         _go_helper_can(self)
         for diff in self.differences:
             for name in diff.at:
-                if name not in syncs:
+                index = name.removeprefix("step ")
+                known = name in syncs or name in AT_SPECIAL
+                if not known and index.isdigit() and int(index) < len(self.timeline):
+                    known = True
+                if not known:
                     raise ValueError(f"difference {diff.feature}: unknown sync point {name!r}")
         return self
 

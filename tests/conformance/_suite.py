@@ -2,21 +2,29 @@
 
 ``python -m tests.conformance._suite [--line 1.37 ...] [--generated N] [--write-matrix]
 [scenario ...]`` runs scenarios against the kubelet twin of each line, prints every
-undeclared or missing difference and the wall time per line, and with
+undeclared or missing difference, the wall time per line and how many comparisons each
+feature's declarations masked (``--masked-detail``: per declaration), and with
 ``--write-matrix`` rewrites the matrix section of ``docs/conformance.md``
 from the results. The pytest tests (``test_conformance.py``) run the same.
+
+``--scenario-dir DIR --allow-blanket`` runs scenario files of the old, unscoped format
+(e.g. an earlier commit's), to measure what their blanket declarations masked.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
+import dataclasses
+import json
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
 
-from tests.conformance import _generate, _godriver, _matrix, _runner, _twinlike
+from tests.conformance import _compare, _generate, _godriver, _matrix, _runner, _twinlike
 from tests.conformance import _scenario as sc
 
 DEFAULT_LINES = ("1.37", "1.38")
@@ -61,6 +69,45 @@ async def run_line(
     )
 
 
+def masked_summary(results: Sequence[_runner.RunResult], *, detail: bool = False) -> str:
+    """Per feature: the comparisons its declarations had in scope (could mask) and the
+    differences they explained, against every comparison of the runs."""
+    total = sum(r.compared for r in results)
+    scope: collections.Counter[str] = collections.Counter()
+    explained: collections.Counter[str] = collections.Counter()
+    declarations: collections.Counter[str] = collections.Counter()
+    runs: dict[str, set[str]] = collections.defaultdict(set)
+    rows = []
+    for result in results:
+        for diff, count in result.masked:
+            covered = sum(1 for o in result.observed if _compare.covers(diff, o))
+            scope[diff.feature] += count
+            explained[diff.feature] += covered
+            declarations[diff.feature] += 1
+            runs[diff.feature].add(result.scenario)
+            if detail:
+                rows.append(
+                    f"    {result.scenario}: {count} in scope, {covered} seen: {diff.where()}"
+                )
+    lines = [f"  comparisons: {total} in {len(results)} runs"]
+    for feature in sorted(scope):
+        lines.append(
+            f"  masked by {feature}: {scope[feature]} comparisons in scope, "
+            f"{explained[feature]} differences explained ({declarations[feature]} "
+            f"declarations in {len(runs[feature])} scenarios)"
+        )
+    return "\n".join(lines + rows)
+
+
+def observed_json(line: str, scenario: str, obs: _compare.Observed) -> str:
+    """One difference as a declaration would scope it (one JSON object)."""
+    return json.dumps(
+        {"line": line, "scenario": scenario, **dataclasses.asdict(obs)},
+        ensure_ascii=False,
+        default=str,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.conformance._suite")
     parser.add_argument("--line", action="append", help="kubelet line, e.g. 1.38 (repeatable)")
@@ -68,9 +115,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only-generated", action="store_true")
     parser.add_argument("--concurrency", type=int, default=24)
     parser.add_argument("--write-matrix", action="store_true")
+    parser.add_argument("--masked-detail", action="store_true", help="per declaration")
+    parser.add_argument(
+        "--dump-observed", type=pathlib.Path, help="write every difference (JSON lines) here"
+    )
+    parser.add_argument("--scenario-dir", type=pathlib.Path, default=sc.SCENARIO_DIR)
+    parser.add_argument(
+        "--allow-blanket", action="store_true", help="accept unscoped (old) declarations"
+    )
     parser.add_argument("names", nargs="*", help="scenario names (default: all written)")
     ns = parser.parse_args(argv)
-    scenarios = [] if ns.only_generated else written()
+    sc.ALLOW_BLANKET = ns.allow_blanket
+    scenarios = [] if ns.only_generated else sc.load_all(ns.scenario_dir)
     if ns.names:
         scenarios = [s for s in scenarios if s.name in ns.names]
     scenarios += generated(range(1, ns.generated + 1)) if ns.generated else []
@@ -82,7 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Scenarios with a Go helper driver need a kube-apiserver (one for all lines).
         env = stack.enter_context(_godriver.started_env(helpers)) if helpers else None
         for line in lines:
-            status |= _one_line(scenarios, line, ns.concurrency, env, results)
+            status |= _one_line(scenarios, line, ns.concurrency, env, results, ns.masked_detail)
+            if ns.dump_observed:
+                with ns.dump_observed.open("a", encoding="utf-8") as out:
+                    for result in results[line]:
+                        for obs in result.observed:
+                            out.write(observed_json(line, result.scenario, obs) + "\n")
     if ns.write_matrix:
         _matrix.write([s for s in scenarios if not s.generated], results)
     return status
@@ -94,6 +155,7 @@ def _one_line(
     concurrency: int,
     env: _godriver.GoHelperEnv | None,
     results: dict[str, list[_runner.RunResult]],
+    detail: bool = False,
 ) -> int:
     """Run one line, print its summary and failures, store its results; 1 if any failed."""
     from tests.conformance import _twin
@@ -109,6 +171,7 @@ def _one_line(
         f"{max((r.seconds for r in done), default=0):.1f}s",
         flush=True,
     )
+    print(masked_summary(done, detail=detail), flush=True)
     for result in failed:
         print(result.report(), flush=True)
     return 1 if failed else 0

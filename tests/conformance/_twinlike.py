@@ -107,10 +107,19 @@ class ProcessTwin:
         if self._proc is None or self._stderr is None:
             return ""
         if self._proc.returncode is None:
+            # Its stdout closed first: a crashing Go program is still writing its
+            # goroutine dump to stderr. Wait for the exit, else the panic line is lost.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), 5)
+        if self._proc.returncode is None:
             return "(still running)"
         with contextlib.suppress(Exception):
             text = (await asyncio.wait_for(self._stderr, 5)).decode(errors="replace")
-            return text[-limit:]
+            # A Go panic's own line comes before its goroutine dump: keep it in front, so
+            # a declaration can name the crash (the tail alone may have lost it).
+            panic = next((ln for ln in text.splitlines() if ln.startswith("panic: ")), "")
+            tail = text[-limit:]
+            return f"{panic}\n{tail}" if panic and panic not in tail else tail
         return ""
 
     async def start(self, state_dir: str, node_name: str) -> Reply:

@@ -2,13 +2,16 @@
 
 A twin that does not answer within its timeout is a timing failure, not a difference the
 kubelet computed; and a run whose timing failed among concurrent runs is run again on its
-own, while a run that showed a difference is never run again.
+own, while a run that showed a difference is never run again. What an attempt compared
+before its timing failed is kept: an undeclared difference there fails the run.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
+import types
 
 import pytest
 
@@ -68,3 +71,85 @@ async def test_only_runs_whose_timing_failed_are_run_again_alone(
 
 async def _unused_factory(line: str) -> _twinlike.TwinLike:
     raise AssertionError("run_one is replaced")
+
+
+async def test_differences_of_an_attempt_that_failed_on_timing_fail_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    differs = _compare.Observed("announced", "sync s", "pod p", True, False, "announced")
+    attempts: list[int] = []
+
+    class FakeRun:
+        def __init__(self, scenario: sc.Scenario, line: str, *_: object) -> None:
+            self.scenario, self.line = scenario, line
+
+        async def execute(self) -> _runner.RunResult:
+            attempts.append(1)
+            if len(attempts) == 1:
+                timing = _runner.TimingError("too close to a deadline")
+                timing.observed = [differs]
+                raise timing
+            verdict = _compare.classify(self.scenario, self.line, [])
+            return _runner.RunResult(self.scenario.name, self.line, "", 0.0, [], verdict)
+
+    async def factory(line: str) -> _twinlike.TwinLike:
+        return object()  # type: ignore[return-value]
+
+    monkeypatch.setattr(_runner, "Run", FakeRun)
+    result = await _runner.run_one(_scenario("x"), "1.38", factory)
+    assert len(attempts) == 2 and result.attempts == 2
+    assert result.verdict.earlier == [differs] and not result.ok
+    assert "in an attempt that then failed on timing" in result.report()
+    # Declared, the same difference is no failure.
+    declared = _scenario("x").model_copy(
+        update={
+            "differences": (
+                sc.Difference(
+                    feature="unknown-at-deadline", kinds=("announced",), at=("s",),
+                    subject=("pod p",), field=("announced",), ours=True, twin=False,
+                ),
+            )
+        }
+    )  # fmt: skip
+    attempts.clear()
+    result = await _runner.run_one(declared, "1.38", factory)
+    assert result.verdict.earlier == [] and result.earlier == [differs]
+
+
+def test_a_twin_crash_is_named_by_its_panic_line_and_streams_by_version() -> None:
+    text = "report: ConnectionResetError panic: assignment to entry in nil map\n\ngoroutine 7 [x]:"
+    assert _runner._crash_reason(text) == "panic: assignment to entry in nil map"
+    assert _runner._crash_reason("sync failed: boom\nmore") == "sync failed: boom"
+    before = {"NodeWatchResources/v1": 1, "GetInfo": 1}
+    after = {"NodeWatchResources/v1": 1, "NodeWatchResources/v1alpha1": 1, "GetInfo": 2}
+    assert _runner._new_streams(before, after) == ["v1alpha1"]
+
+
+async def test_a_sync_point_whose_comparisons_outran_a_lease_keeps_only_earlier_ones() -> None:
+    # A 16,384-device sync point takes seconds under load; a 30 s lease reported 29.8 s
+    # ago (real time) ran within the margin of its deadline while it compared, so what it
+    # saw there belongs to the clock. What earlier sync points saw stays.
+    earlier = _compare.Observed("announced", "sync a", "pod p", True, False, "announced")
+    late = _compare.Observed("devices", "sync b", "d/pool/x", "Healthy", "Unknown", "health")
+    run = object.__new__(_runner.Run)
+    run.observed = [earlier]
+    run.nominal = 0.0
+    run.leases = {("d", "pool", "x"): (0.0, time.time() - 29.8, 30.0)}
+
+    async def away() -> None:
+        return None
+
+    async def compare(args: sc.Sync) -> None:
+        run.observed.append(late)
+
+    run._away_from_deadlines = away  # type: ignore[method-assign]
+    run._compare_at = compare  # type: ignore[method-assign]
+    run.ours = types.SimpleNamespace(settled=lambda: True)
+    with pytest.raises(_runner.TimingError, match=r"within 0\.5s of its 30s lease"):
+        await run._do_sync(sc.Sync(name="b"))
+    assert run.observed == [earlier]
+    # A lease far from its deadline, or one the scenario lets run out, is no timing failure.
+    for nominal, real in ((0.0, time.time()), (-31.0, time.time() - 29.8)):
+        run.leases = {("d", "pool", "x"): (nominal, real, 30.0)}
+        await run._do_sync(sc.Sync(name="b"))
+    assert run.observed == [earlier, late, late]

@@ -8,11 +8,13 @@ docs/conformance.md is the one the scenario files produce.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
+import pydantic
 import pytest
 
-from tests.conformance import _compare, _generate, _matrix
+from tests.conformance import _compare, _generate, _matrix, _runner
 from tests.conformance import _scenario as sc
 
 WRITTEN = sc.load_all()
@@ -88,7 +90,12 @@ pods: [{name: p, claims: [{name: gpu, claim: c}], containers: [{name: main, clai
         ("timeline: [{sync: a}]\ndifferences: [{feature: terminated-pods, kinds: [colour]}]",
          "unknown kind 'colour'"),
         ("timeline: [{sync: a}]\ndifferences: [{feature: terminated-pods, kinds: [status], "
-         "at: [b]}]", "unknown sync point 'b'"),
+         "at: [b], subject: pod p, field: entry claim:gpu}]", "unknown sync point 'b'"),
+        ("timeline: [{sync: a}]\ndifferences: [{feature: terminated-pods, kinds: [status]}]",
+         "difference terminated-pods: a declaration names where it shows; give at, subject, "
+         "field (see 'Declared differences' in docs/conformance.md)"),
+        ("timeline: [{sync: a}]\ndifferences: [{feature: terminated-pods, kinds: [status], "
+         "at: [a], field: entry claim:gpu}]", "give subject"),
         ("timeline: [{wait: -1}, {sync: a}]", "timeline[0] (wait): seconds"),
         ("timeline: [{report: {driver: gpu.example.com, devices: [{health: Healthy}]}}, "
          "{sync: a}]", "needs `device`"),
@@ -189,8 +196,8 @@ def test_generator_is_deterministic_and_covers_the_brief() -> None:
     }  # fmt: skip
 
 
-def _result(name: str) -> _compare.Observed:
-    return _compare.Observed("announced", name, "pods", ["p"], [])
+def _result(name: str, pod: str = "p", ours: bool = True) -> _compare.Observed:
+    return _compare.Observed("announced", f"sync {name}", f"pod {pod}", ours, not ours, "announced")
 
 
 def test_classify_needs_every_difference_declared_and_every_declaration_seen() -> None:
@@ -201,11 +208,13 @@ def test_classify_needs_every_difference_declared_and_every_declaration_seen() -
             "drivers": [{"name": "d"}],
             "timeline": [{"sync": "a"}, {"sync": "b"}],
             "differences": [
-                {"feature": "unknown-at-deadline", "kinds": ["announced"], "at": ["a"]},
-                {"feature": "sorted-output", "lines": "<1.38", "kinds": ["status"]},
+                {"feature": "unknown-at-deadline", "kinds": ["announced"], "at": ["a"],
+                 "subject": "pod p", "field": "announced", "ours": True, "twin": False},
+                {"feature": "sorted-output", "lines": "<1.38", "kinds": ["status"], "at": "b",
+                 "subject": "pod p containerStatuses[c]", "field": "entry claim:a order"},
             ],
         }
-    )
+    )  # fmt: skip
     verdict = _compare.classify(scenario, "1.38", [_result("a")])
     assert verdict.ok and [d.feature for d in verdict.seen] == ["unknown-at-deadline"]
     verdict = _compare.classify(scenario, "1.38", [_result("b")])
@@ -213,6 +222,64 @@ def test_classify_needs_every_difference_declared_and_every_declaration_seen() -
     assert [d.feature for d in verdict.missing] == ["unknown-at-deadline"]
     verdict = _compare.classify(scenario, "1.37", [_result("a")])
     assert [d.feature for d in verdict.missing] == ["sorted-output"]
+    # Scoped: another pod, another side's value, another field are not covered.
+    for other in (_result("a", pod="q"), _result("a", ours=False)):
+        assert _compare.classify(scenario, "1.38", [_result("a"), other]).unexplained == [other]
+    order = _compare.Observed("status", "sync b", "pod p containerStatuses[c]", [], [], "")
+    health = dataclasses.replace(order, field="entry claim:a resource r1 health")
+    assert _compare.classify(scenario, "1.37", [health]).unexplained == [health]
+
+
+def test_blanket_declarations_load_only_to_measure_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sc, "ALLOW_BLANKET", True)
+    old = sc.Difference(feature="sorted-output", kinds=("status",))
+    assert old.blanket
+    tally = _compare.Tally([old])
+    for field in ("entry claim:a order", "entry claim:a resource r health"):
+        tally.compare("status", "sync s", "pod p containerStatuses[c]", field)
+    tally.compare("devices", "sync s", "d/pool/x", "health")
+    assert (tally.total, tally.masked) == (3, [2])
+
+
+def test_status_compares_each_entry_resource_and_field_on_its_own() -> None:
+    r1 = {"resourceID": "r1", "health": "Healthy"}
+    r2 = {"resourceID": "r2", "health": "Unhealthy", "message": "m"}
+    a = {"name": "claim:a", "resources": [r1, r2]}
+    b = {"name": "claim:b", "resources": [r1]}
+
+    def status(*entries: object) -> dict[str, object]:
+        return {"containerStatuses": [{"name": "c", "allocatedResourcesStatus": list(entries)}]}
+
+    tally = _compare.Tally([])
+    assert (
+        _compare.compare_status("s", "p", status(a, b), status(a, b), ordered=True, tally=tally)
+        == []
+    )
+    # entries order, claim:a order, 2 x 2 resource fields of claim:a, 2 of claim:b
+    assert tally.total == 1 + 1 + 4 + 2
+    swapped = {"name": "claim:a", "resources": [r2, r1]}
+    found = _compare.compare_status("s", "p", status(a, b), status(swapped), ordered=False)
+    assert [(o.field, o.ours, o.twin) for o in found] == [
+        ("entry claim:a order", ["r1", "r2"], ["r2", "r1"]),
+        ("entry claim:b", [r1], None),
+    ]
+    sick = {"name": "claim:a", "resources": [r1, {**r2, "message": "other"}]}
+    found = _compare.compare_status("s", "p", status(a), status(sick), ordered=False)
+    assert [(o.subject, o.field, o.ours, o.twin) for o in found] == [
+        ("pod p containerStatuses[c]", "entry claim:a resource r2 message", "m", "other")
+    ]
+
+
+def test_announced_pods_are_compared_one_by_one() -> None:
+    tally = _compare.Tally([])
+    found = _compare.compare_announced(
+        "s", {"a", "b"}, {"b", "c"}, ["a", "b", "c", "d"], tally=tally
+    )
+    assert [(o.subject, o.ours, o.twin) for o in found] == [
+        ("pod a", True, False),
+        ("pod c", False, True),
+    ]
+    assert tally.total == 4
 
 
 def test_status_order_counts_from_1_38_only() -> None:
@@ -222,7 +289,9 @@ def test_status_order_counts_from_1_38_only() -> None:
     twin = {"containerStatuses": [{"name": "c", "allocatedResourcesStatus": [b, a]}]}
     assert _compare.compare_status("s", "p", ours, twin, ordered=False) == []
     found = _compare.compare_status("s", "p", ours, twin, ordered=True)
-    assert [o.subject for o in found] == ["pod p containerStatuses[c]"]
+    assert [(o.subject, o.field) for o in found] == [
+        ("pod p containerStatuses[c]", "entries order")
+    ]
     assert "--- twin (kubelet)" in found[0].render()
 
 
@@ -241,3 +310,120 @@ def test_committed_matrix_is_the_one_the_scenarios_produce() -> None:
     assert committed == _matrix.render(WRITTEN), (
         "docs/conformance.md is stale: run python -m tests.conformance._suite --write-matrix"
     )
+
+
+def test_a_subject_range_names_each_device_and_nothing_else() -> None:
+    diff = sc.Difference(
+        feature="device-cap", kinds=("devices",), at=("s",),
+        subject=("d/pool/dev-{3..5}",), field=("health",), ours="Unknown", twin="Healthy",
+    )  # fmt: skip
+    assert diff.subject == ("d/pool/dev-3", "d/pool/dev-4", "d/pool/dev-5")
+    seen = _compare.Observed("devices", "sync s", "d/pool/dev-5", "Unknown", "Healthy", "health")
+    assert _compare.covers(diff, seen)
+    for other in ("d/pool/dev-6", "d/pool/dev-2", "d/pool/dev-"):
+        assert not _compare.covers(diff, dataclasses.replace(seen, subject=other))
+    with pytest.raises(pydantic.ValidationError, match="bad range"):
+        sc.Difference(
+            feature="device-cap", kinds=("devices",), at=("s",),
+            subject=("x-{5..3}",), field=("health",),
+        )  # fmt: skip
+
+
+def test_lease_outlives_stream_declarations_are_scoped_with_both_values() -> None:
+    by_name = {s.name: s for s in WRITTEN}
+    for name in _matrix.LEASE_OUTLIVES_STREAM:
+        for diff in by_name[name].differences:
+            if diff.feature == "lease-outlives-stream":
+                assert not diff.blanket and set(diff.fixed) == {"ours", "twin"}, diff.where()
+    kept = _compare.Observed(
+        "devices", "sync ended", "gpu.example.com/pool/dev-0", "Healthy", "Unknown", "health"
+    )
+    declared = _compare.declared_on(by_name["stream-eof"], "1.37")
+    assert any(_compare.covers(d, kept) for d in declared)
+    # Our side showing another value there (say, clearing the device at the stream end
+    # as the kubelet does not) is not what is declared, nor is the same at another point.
+    for other in (
+        dataclasses.replace(kept, ours="Unhealthy"),
+        dataclasses.replace(kept, at="sync healthy"),
+    ):
+        assert not any(_compare.covers(d, other) for d in declared)
+
+
+def test_a_1_36_kubelet_streams_only_from_a_driver_serving_v1alpha1() -> None:
+    health = ["v1.DRAPlugin", "v1.DRAResourceHealth"]
+    assert _runner.twin_streams("1.36", health, ("v1", "v1alpha1"))
+    assert not _runner.twin_streams("1.36", health, ("v1",))
+    assert not _runner.twin_streams("1.37", ["v1.DRAPlugin"], ("v1", "v1alpha1"))
+    assert _runner.twin_streams("1.37", health, ("v1",))
+
+
+def test_a_declared_difference_past_the_first_twenty_is_kept_and_masked_once() -> None:
+    # 30 devices differ (ours Healthy, the twin has none); only the last is declared. Kept
+    # in order up to the limit, the 20 undeclared ones crowded it out and its declaration
+    # read "declared but not seen" (generated-127's Unhealthy devices, past 16,000 others).
+    scenario = sc.Scenario.model_validate(
+        {
+            "name": "x", "description": "x", "drivers": [{"name": "d"}],
+            "timeline": [{"sync": "s"}],
+            "differences": [
+                {"feature": "lease-outlives-stream", "kinds": ["devices"], "at": ["s"],
+                 "subject": "d/pool/dev-29", "field": "health",
+                 "ours": "Healthy", "twin": "Unknown"},
+            ],
+        }
+    )  # fmt: skip
+    declared = _compare.declared_on(scenario, "1.38")
+    tally = _compare.Tally(declared)
+    ours = {("d", "pool", f"dev-{i}"): ("Healthy", "") for i in range(30)}
+    found = _compare.compare_devices("sync s", ours, {}, 0.0, tally=tally)
+    late = _compare.Observed("devices", "sync s", "d/pool/dev-29", "Healthy", "Unknown", "health")
+    assert late in found and len(found) == 21
+    verdict = _compare.classify(scenario, "1.38", found)
+    assert [d.feature for d in verdict.seen] == ["lease-outlives-stream"] and not verdict.missing
+    assert len(verdict.unexplained) == 20
+    # Each device's health and message compared once; the declaration masks one of them.
+    assert (tally.total, tally.masked) == (60, [1])
+    # The same declaration at another sync point covers nothing there.
+    elsewhere = _compare.compare_devices("sync t", ours, {}, 0.0, tally=tally)
+    assert late.subject not in {o.subject for o in elsewhere} and tally.masked == [1]
+
+
+def test_the_generator_counts_the_cap_on_each_side_after_a_stream_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A full driver's stream ends: the kubelet's clearDriver empties its cache, ours keeps
+    # the leases. A new device then fits the kubelet's cap and not ours (generated-127,
+    # dev-16571: ours Unknown, the twin Unhealthy, undeclared while the model counted the
+    # kubelet's side only).
+    monkeypatch.setattr(_generate, "CAP", 2)
+    model = _generate._Model({("d", "dev-c"): {"pod-x"}})
+    healthy = ("Healthy", "")
+    model.report("d", [("dev-a", healthy, 30.0), ("dev-b", healthy, 30.0)], 0.0)
+    model.sync(0.0)
+    model.end("d", 1.0)
+    model.report("d", [("dev-c", ("Unhealthy", "XID"), 30.0)], 2.0)
+    differ = model.reads_differ(2.0)  # dev-a and dev-b: the leases we kept, as before
+    assert differ[("d", "dev-c")] == (("Unknown", ""), ("Unhealthy", "XID"))
+    ours, kubelet, causes = model.sync(2.0)
+    assert (ours, kubelet) == (set(), {"pod-x"})
+    assert causes == {"pod-x": {"lease-outlives-stream"}}
+
+
+def test_every_generated_driver_past_the_cap_ends_its_stream_within_three_episodes() -> None:
+    seen: list[int] = []
+    for seed in _generate.SEEDS:
+        scenario = _generate.scenario(seed)
+        big = {
+            step.args.driver
+            for step in scenario.timeline
+            if isinstance(step.args, sc.Report)
+            and sum(d.count or 1 for d in step.args.devices) > _generate.CAP
+        }
+        if not big:
+            continue
+        seen.append(seed)
+        ends = [s.args.driver for s in scenario.timeline if isinstance(s.args, sc.EndStream)]
+        reports = sum(isinstance(s.args, sc.Report) for s in scenario.timeline)
+        assert ends and ends[-1] in big, seed
+        assert reports + len(ends) <= _generate.BIG_EPISODES + 1, seed
+    assert seen == [7, 47, 87, 127, 167]  # the seeds with a driver past the cap
