@@ -313,11 +313,14 @@ def in_place(diff: sc.Difference, kind: str, at: str) -> bool:
     return kind in diff.kinds and (not diff.at or any(sc.at_matches(a, at) for a in diff.at))
 
 
+def names_subject(diff: sc.Difference, subject: str, field: str) -> bool:
+    """Whether a declaration names this subject and field (a blanket one names all)."""
+    return diff.blanket or (subject in diff.subjects and field in diff.field)
+
+
 def in_scope(diff: sc.Difference, kind: str, at: str, subject: str, field: str) -> bool:
     """Whether a comparison lies in the declaration's scope (what it could mask)."""
-    return in_place(diff, kind, at) and (
-        diff.blanket or (subject in diff.subjects and field in diff.field)
-    )
+    return in_place(diff, kind, at) and names_subject(diff, subject, field)
 
 
 class Tally:
@@ -341,8 +344,7 @@ class Tally:
         self.total += 1
         self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
         for i in self._named(kind, at):
-            diff = self.declared[i]
-            if diff.blanket or (subject in diff.subjects and field in diff.field):
+            if names_subject(self.declared[i], subject, field):
                 self.masked[i] += 1
 
     def covering(self, obs: Observed) -> frozenset[int]:

@@ -136,8 +136,7 @@ class _Model:
             )
             if kubelet_announces:
                 self.announced_kubelet |= self._pods(key)
-                kub[name] = _Stored(value, lease, now)
-            elif kubelet_takes:
+            if kubelet_takes:
                 kub[name] = _Stored(value, lease, now)
             if not ours_takes:
                 if kubelet_takes:

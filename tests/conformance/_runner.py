@@ -633,13 +633,20 @@ class Run:
     def _still_before_deadlines(self) -> None:
         """After a sync point's comparisons: no lease the scenario means to be running
         came within :data:`DEADLINE_MARGIN` of its deadline while they were made."""
-        now = time.time()
+        close = self._running_lease_near_deadline(time.time())
+        if close:
+            raise TimingError(f"the sync point's comparisons ended {close}")
+
+    def _running_lease_near_deadline(self, now: float) -> str:
+        """A lease the scenario means to be running whose real deadline is less than
+        :data:`DEADLINE_MARGIN` ahead at ``now``, described; "" if none."""
         for key, (nominal, real, lease) in self.leases.items():
             if self.nominal - nominal <= lease and now > real + lease - DEADLINE_MARGIN:
-                raise TimingError(
-                    f"{'/'.join(key)}: the sync point's comparisons ended {now - real:.2f}s "
-                    f"after the report, within {DEADLINE_MARGIN}s of its {lease:g}s lease"
+                return (
+                    f"{now - real:.2f}s after the report of {'/'.join(key)}, "
+                    f"within {DEADLINE_MARGIN}s of its {lease:g}s lease"
                 )
+        return ""
 
     async def _compare_at(self, args: sc.Sync) -> None:
         reply = await self._twin_ok("sync", self.twin.sync(list(self.pods.values())))
@@ -685,18 +692,15 @@ class Run:
         is repeated rather than compared by luck.
         """
         now = time.time()
+        close = self._running_lease_near_deadline(now)
+        if close:
+            raise TimingError(
+                f"the sync point came {close} (the scenario means it to be before the deadline)"
+            )
         wait = 0.0
-        for key, (nominal, real, lease) in self.leases.items():
-            expired = self.nominal - nominal > lease
-            deadline = real + lease
-            if expired and now < deadline + DEADLINE_MARGIN:
-                wait = max(wait, deadline + DEADLINE_MARGIN - now)
-            elif not expired and now > deadline - DEADLINE_MARGIN:
-                raise TimingError(
-                    f"{'/'.join(key)}: the sync point came {now - real:.2f}s after the report, "
-                    f"within {DEADLINE_MARGIN}s of its {lease:g}s lease (the scenario means "
-                    "it to be before the deadline)"
-                )
+        for nominal, real, lease in self.leases.values():
+            if self.nominal - nominal > lease:  # meant expired: at least the margin past it
+                wait = max(wait, real + lease + DEADLINE_MARGIN - now)
         wait = max(wait, self._away_from_reconnects(now))
         if wait:
             await asyncio.sleep(wait)
