@@ -413,8 +413,8 @@ class StatusWriter:
         fresh = await self._calls.call(self._api.get_pod, podjson.namespace(pod), podjson.name(pod))
         if podjson.uid(fresh) != state.uid:
             raise errors.PodGone(f"pod {podjson.name(pod)} was replaced", status=409)
-        state.pod = fresh
-        return fresh
+        _take_newer(state, fresh)
+        return state.pod
 
     def _accepted(
         self,
@@ -426,7 +426,7 @@ class StatusWriter:
         self.stats.results["ok"] += 1
         state.failures = 0
         if podjson.uid(answer) == state.uid:
-            state.pod = answer
+            _take_newer(state, answer)
         self._gates.check_answer(plan, answer)
         if plan.containers:
             entries = podstate.managed_entries(answer, desired)
@@ -537,6 +537,18 @@ class StatusWriter:
 
 
 _rv = podjson.resource_version_number
+
+
+def _take_newer(state: podstate.PodState, pod: Obj) -> None:
+    """Keep ``pod`` (an answer or a re-read) unless the watch already brought a newer one.
+
+    An answer travels on its own connection and can arrive after the watch event of a
+    later change (the kubelet listing the containers right after our write): taking
+    it would put that change out of sight until the next health change (the watch's
+    own older events are dropped in ``pod_updated`` for the same reason).
+    """
+    if _rv(pod) >= _rv(state.pod) or not _rv(pod):
+        state.pod = pod
 
 
 def _listed(pod: Obj, desired: podstatus.Desired) -> bool:

@@ -272,6 +272,11 @@ class CheckpointWatcher:
         """Whether the file was there at the last look: a kubelet runs on this node."""
         return self._seen not in (False, None)
 
+    @property
+    def caught_up(self) -> bool:
+        """Whether the file is as it was at the last look: nothing new to read yet."""
+        return self._identity() == self._seen
+
     async def run(self) -> None:
         """Poll until cancelled: the file is looked at in a thread, applied on the loop."""
         while True:

@@ -49,7 +49,7 @@ class Observed:
         head = f"[{self.kind}] at {self.at}: {self.subject}{field}"
         if self.detail:
             head += f"\n    ({_short(self.detail)})"
-        if self.kind == "status" and isinstance(self.ours, list | dict):
+        if self.kind in ("status", "sidecar") and isinstance(self.ours, list | dict):
             ours_lines = json.dumps(self.ours, indent=1, ensure_ascii=False).splitlines()
             twin_lines = json.dumps(self.twin, indent=1, ensure_ascii=False).splitlines()
             diff = difflib.unified_diff(
@@ -94,8 +94,10 @@ def compare_status(
     *,
     ordered: bool,
     tally: Tally | None = None,
+    kind: str = "status",
 ) -> list[Observed]:
-    """Every container's entries, each one compared on its own.
+    """Every container's entries, each one compared on its own (``kind``: ``sidecar``
+    for the sidecar's writes read back from its API stand-in).
 
     Fields: ``entries order`` (from 1.38: the entry names in order), ``entry <name>``
     (present on one side only: the resources, or null), ``entry <name> order`` (the same
@@ -111,9 +113,9 @@ def compare_status(
 
             def add(field: str, x: Any, y: Any, subject: str = subject) -> None:
                 if tally is not None:
-                    tally.compare("status", at, subject, field)
+                    tally.compare(kind, at, subject, field)
                 if x != y:
-                    found.append(Observed("status", at, subject, x, y, field))
+                    found.append(Observed(kind, at, subject, x, y, field))
 
             if ordered:
                 add("entries order", [e["name"] for e in a], [e["name"] for e in b])
@@ -309,8 +311,10 @@ def covers(diff: sc.Difference, obs: Observed) -> bool:
 
 
 def in_place(diff: sc.Difference, kind: str, at: str) -> bool:
-    """Whether a declaration names this kind of comparison at this place."""
-    return kind in diff.kinds and (not diff.at or any(sc.at_matches(a, at) for a in diff.at))
+    """Whether a declaration names this kind of comparison at this place (one of kind
+    ``status`` names the sidecar's status comparisons too: both are our pipeline)."""
+    named = kind in diff.kinds or (kind == "sidecar" and "status" in diff.kinds)
+    return named and (not diff.at or any(sc.at_matches(a, at) for a in diff.at))
 
 
 def names_subject(diff: sc.Difference, subject: str, field: str) -> bool:

@@ -161,6 +161,19 @@ def prepare_answers(
     return answers
 
 
+def with_uids(obj: Any, uids: Mapping[str, str]) -> Any:
+    """``obj`` with every ``uid`` field that names a key of ``uids`` renamed (a pod's own,
+    and the pods a claim is reserved for or owned by), for pods an API server created."""
+    if isinstance(obj, dict):
+        return {
+            k: uids.get(v, v) if k == "uid" and isinstance(v, str) else with_uids(v, uids)
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [with_uids(v, uids) for v in obj]
+    return obj
+
+
 def pod_uid_names(scenario: sc.Scenario) -> dict[str, str]:
     """Pod UID -> name, to print readable diffs."""
     return {uid(scenario, "pod", p.name): p.name for p in scenario.pods}

@@ -47,39 +47,12 @@ class _Manager(manager_mod.DRAHealthManager):
         await super()._on_change(changed)
 
 
-class OurSide:
-    def __init__(self, state_dir: pathlib.Path, *, node: str, registry: pathlib.Path) -> None:
-        self.settings = settings_mod.Settings(
-            node_name=node,
-            state_dir=state_dir,
-            plugins_registry=registry,
-            role=settings_mod.Role.OWNER,
-            write_window=0.02,
-            startup_grace=0.0,
-            # Reconnects well before the kubelet's fixed 5 s, never near it, so a
-            # sync point can sit between the two or after both.
-            stream_backoff_initial=_runner_reconnect(),
-            stream_backoff_max=_runner_reconnect(),
-            store_flush_interval=0.1,
-            metrics_address="",
-            pod_condition_type="",
-        )
-        self.manager = _Manager(self.settings, on_status=self._delivered, watch_registry=False)
-        self.manager.announced = set()
-        self.statuses: dict[str, dict[str, Any]] = {}
-        self.pods: dict[str, Obj] = {}
-        self.claim_pods: dict[tuple[str, str], set[str]] = {}
-        self.claim_devices: dict[tuple[str, str], list[claims.PreparedDevice]] = {}
-        self.terminated: dict[str, tuple[claims.FrozenClaims, dict[models.DeviceKey, Any]]] = {}
-        self.endpoints: dict[str, getinfo.PluginInfo] = {}
+class Registrations:
+    """The registration handler's events, as the twin takes them (its watcher handler):
+    the validation of ``getinfo.make_plugin_info``, one driver per endpoint."""
 
-    async def start(self) -> None:
-        await self.manager.start()
-
-    async def stop(self) -> None:
-        await self.manager.close()
-
-    # -- registration ------------------------------------------------------
+    manager: manager_mod.DRAHealthManager
+    endpoints: dict[str, getinfo.PluginInfo]
 
     async def register(self, driver: str, endpoint: str, services: Sequence[str]) -> str | None:
         """Register like the kubelet's handler; the refusal text, or None."""
@@ -110,6 +83,43 @@ class OurSide:
         """The newest registered endpoint of a driver (the kubelet's ``GetPlugin``)."""
         found = [i for i in self.endpoints.values() if i.driver == driver]
         return found[-1] if found else None
+
+
+class OurSide(Registrations):
+    """The library in node-agent mode: it prepares, and its statuses arrive by callback."""
+
+    manager: _Manager
+
+    def __init__(self, state_dir: pathlib.Path, *, node: str, registry: pathlib.Path) -> None:
+        self.settings = settings_mod.Settings(
+            node_name=node,
+            state_dir=state_dir,
+            plugins_registry=registry,
+            role=settings_mod.Role.OWNER,
+            write_window=0.02,
+            startup_grace=0.0,
+            # Reconnects well before the kubelet's fixed 5 s, never near it, so a
+            # sync point can sit between the two or after both.
+            stream_backoff_initial=_runner_reconnect(),
+            stream_backoff_max=_runner_reconnect(),
+            store_flush_interval=0.1,
+            metrics_address="",
+            pod_condition_type="",
+        )
+        self.manager = _Manager(self.settings, on_status=self._delivered, watch_registry=False)
+        self.manager.announced = set()
+        self.statuses: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, Obj] = {}
+        self.claim_pods: dict[tuple[str, str], set[str]] = {}
+        self.claim_devices: dict[tuple[str, str], list[claims.PreparedDevice]] = {}
+        self.terminated: dict[str, tuple[claims.FrozenClaims, dict[models.DeviceKey, Any]]] = {}
+        self.endpoints: dict[str, getinfo.PluginInfo] = {}
+
+    async def start(self) -> None:
+        await self.manager.start()
+
+    async def stop(self) -> None:
+        await self.manager.close()
 
     # -- pods and claims ---------------------------------------------------
 

@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from kubelet_dra import cli
-from tests.conformance import _compare, _drivers, _godriver, _objects, _ours, _twinlike
+from tests.conformance import _compare, _drivers, _godriver, _objects, _ours, _sidecar, _twinlike
 from tests.conformance import _scenario as sc
 
 SETTLE = 0.3
@@ -87,6 +87,8 @@ class RunResult:
     """Re-run on its own after its timing failed among concurrent runs."""
     compared: int = 0
     """Comparisons the run made (the last attempt)."""
+    by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The same, per kind (``status``, ``sidecar``, ``devices``...)."""
     masked: list[tuple[sc.Difference, int]] = dataclasses.field(default_factory=list)
     """Per declaration of the line: the comparisons in its scope (what it could mask)."""
     earlier: list[_compare.Observed] = dataclasses.field(default_factory=list)
@@ -159,6 +161,8 @@ class Run:
         self.twin = twin
         self.dir = workdir
         self.ours = _ours.OurSide(workdir / "ours", node=scenario.node, registry=workdir / "reg")
+        self.sidecar: _sidecar.SidecarSide | None = None
+        """Our sidecar's writes, compared too on :data:`_sidecar.LINES` (set up in _setup)."""
         self.drivers: dict[tuple[str, str], Driver] = {}
         self.registered: dict[tuple[str, str], str] = {}  # (driver, endpoint name) -> socket
         self.observed: list[_compare.Observed] = []
@@ -216,6 +220,7 @@ class Run:
             verdict,
             error,
             compared=self.tally.total,
+            by_kind=dict(self.tally.by_kind),
             masked=list(zip(self.tally.declared, self.tally.masked, strict=True)),
         )
 
@@ -226,8 +231,17 @@ class Run:
             (twin_dir / STATE_FILE).write_text(self.scenario.checkpoint)
         await self._twin_ok("start", self.twin.start(str(twin_dir), self.scenario.node))
         await self.ours.start()
+        if self.line in _sidecar.LINES:
+            self.sidecar = _sidecar.SidecarSide(
+                self.dir / "sidecar", node=self.scenario.node, kubelet_dir=twin_dir
+            )
         if self.scenario.uses_go_helper():
             await self._claims_from_apiserver()
+        else:
+            self._admit_to_sidecar()
+        if self.sidecar is not None:
+            self.sidecar.add_claims(self.claims)
+            await self.sidecar.start()
         await self._twin_ok("claims", self.twin.claims(list(self.claims.values())))
         for driver in self.scenario.drivers:
             await self._start_endpoint(driver, "main", register=driver.registered)
@@ -250,16 +264,27 @@ class Run:
                 "(run it through the conformance tests or _suite, which start one)"
             )
         store = _godriver.ApiClaims(self.gohelper.apiserver)
-        wanted = [
-            _godriver.namespaced(obj, store.namespace(obj["metadata"]["namespace"]))
-            for obj in self.claims.values()
-        ]
-        created = await asyncio.to_thread(store.create, wanted)
-        self.claims = {obj["metadata"]["name"]: obj for obj in created}
         self.pods = {
             name: _godriver.namespaced(pod, store.namespace(pod["metadata"]["namespace"]))
             for name, pod in self.pods.items()
         }
+        self.claims = {
+            name: _godriver.namespaced(obj, store.namespace(obj["metadata"]["namespace"]))
+            for name, obj in self.claims.items()
+        }
+        self._admit_to_sidecar()  # first: the claims are reserved for the pods' UIDs
+        created = await asyncio.to_thread(store.create, list(self.claims.values()))
+        self.claims = {obj["metadata"]["name"]: obj for obj in created}
+
+    def _admit_to_sidecar(self) -> None:
+        """Bind the pods in the sidecar's API stand-in; every side then uses the UIDs it
+        gave them (in the pods, and the claims reserved for or owned by them)."""
+        if self.sidecar is None:
+            return
+        uids = self.sidecar.admit(self.pods)
+        self.pods = {name: _objects.with_uids(pod, uids) for name, pod in self.pods.items()}
+        self.claims = {name: _objects.with_uids(obj, uids) for name, obj in self.claims.items()}
+        self.names = {uids.get(uid, uid): name for uid, name in self.names.items()}
 
     async def _teardown(self) -> None:
         with contextlib.suppress(Exception):
@@ -270,6 +295,9 @@ class Run:
                 await kill()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.ours.stop(), 15)
+        if self.sidecar is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.sidecar.stop(), 15)
         for drv in self.drivers.values():
             with contextlib.suppress(Exception):
                 await drv.stop()
@@ -344,6 +372,7 @@ class Run:
         if ours is None and health:
             await self._stream_opened(drv, before, "our side")
         ours_stream = _new_streams(before, drv.calls)
+        await self._register_sidecar(drv, driver, socket, services, ours)
         # Subjects name the scenario's endpoint ("main"), not the run's socket path.
         self._compare_registration(driver, endpoint, twin, ours, refused=False)
         subject = f"register {driver} at {endpoint}"
@@ -356,6 +385,23 @@ class Run:
             )
         self.registered[(driver, endpoint)] = socket
         await asyncio.sleep(SETTLE)
+
+    async def _register_sidecar(
+        self, drv: Driver, driver: str, socket: str, services: Sequence[str], ours: str | None
+    ) -> None:
+        """Register the sidecar like our node agent (the same validation, so the same
+        outcome) and wait for its stream."""
+        if self.sidecar is None:
+            return
+        before = dict(drv.calls)
+        refused = await self.sidecar.register(driver, socket, services)
+        if refused != ours:
+            raise RuntimeError(
+                f"the sidecar's registration of {socket} ({refused or 'accepted'}) differs "
+                f"from the node agent's ({ours or 'accepted'}): the same code refused apart"
+            )
+        if refused is None and any("DRAResourceHealth" in s for s in services):
+            await self._stream_opened(drv, before, "our sidecar")
 
     async def _stream_opened(self, drv: Driver, before: Mapping[str, int], side: str) -> None:
         """A side that registered a health service opens a stream (every line does, even one
@@ -394,7 +440,12 @@ class Run:
         if socket is None:
             return
         await self.twin.deregister(driver, socket)
-        await self.ours.deregister(driver, socket)
+        for side in self._our_sides():
+            await side.deregister(driver, socket)
+
+    def _our_sides(self) -> list[_ours.Registrations]:
+        """Our node agent, and the sidecar where the line compares it."""
+        return [self.ours] + ([self.sidecar] if self.sidecar is not None else [])
 
     # -- the timeline ----------------------------------------------------------
 
@@ -418,12 +469,13 @@ class Run:
         for d in devices:
             lease = d["timeout_seconds"] if d["timeout_seconds"] > 0 else 30
             self.leases[(args.driver, d["pool"], d["device"])] = (self.nominal, now, lease)
-        if before is not None and not drv.silent:
-            caught_up = await _until(
-                lambda: (self._our_reports(args.driver, args.endpoint) or 0) >= before + args.times,
-                REPORT_DEADLINE,
-            )
-            if not caught_up:
+        if before and not drv.silent:
+
+            def caught_up() -> bool:
+                now = self._our_reports(args.driver, args.endpoint)
+                return all(now.get(i, 0) >= n + args.times for i, n in before.items())
+
+            if not await _until(caught_up, REPORT_DEADLINE):
                 raise TimingError(f"our stream: {args.times} reports took over {REPORT_DEADLINE}s")
         if sent and not drv.silent:
             await self._twin_took(args.driver, sent[0])
@@ -457,12 +509,16 @@ class Run:
         if call is not None:
             await call("wait_state", **request)
 
-    def _our_reports(self, driver: str, endpoint: str) -> int | None:
+    def _our_reports(self, driver: str, endpoint: str) -> dict[int, int]:
+        """Per side of ours (by position) whose stream of the endpoint is up: the reports
+        it took."""
         socket = self.registered.get((driver, endpoint))
-        state = self.ours.stream_state(socket) if socket else None
-        if state is None or state[0] not in ("connecting", "streaming"):
-            return None
-        return state[1]
+        counts = {}
+        for i, side in enumerate(self._our_sides()):
+            state = side.stream_state(socket) if socket else None
+            if state is not None and state[0] in ("connecting", "streaming"):
+                counts[i] = state[1]
+        return counts
 
     async def _do_silence(self, args: sc.EndpointRef) -> None:
         self.drivers[(args.driver, args.endpoint)].set_silent(True)
@@ -488,11 +544,8 @@ class Run:
         await self._after_stream_end(args.driver, args.endpoint)
 
     async def _after_stream_end(self, driver: str, endpoint: str) -> None:
-        socket = self.registered.get((driver, endpoint))
-
         def ended() -> bool:
-            state = self.ours.stream_state(socket) if socket else None
-            return state is None or state[0] not in ("connecting", "streaming")
+            return not self._our_reports(driver, endpoint)
 
         await _until(ended, SETTLE_DEADLINE)
         await self._settle()
@@ -531,6 +584,13 @@ class Run:
     async def _do_register(self, args: sc.Register) -> None:
         twin = await self.twin.register(args.driver, args.endpoint, args.services)
         ours = await self.ours.register(args.driver, args.endpoint, args.services)
+        if self.sidecar is not None:
+            sidecar = await self.sidecar.register(args.driver, args.endpoint, args.services)
+            if sidecar != ours:
+                raise RuntimeError(
+                    f"the sidecar's registration ({sidecar or 'accepted'}) differs from the "
+                    f"node agent's ({ours or 'accepted'})"
+                )
         self._compare_registration(args.driver, args.endpoint, twin, ours, refused=args.refused)
         await asyncio.sleep(SETTLE)
 
@@ -555,6 +615,8 @@ class Run:
                 f"twin: {twin_error or 'prepared'}; ours: {ours or 'prepared'}"
             )
         self._compare_prepare(name, ours, twin_error, fails=fails)
+        if self.sidecar is not None and not twin_error:
+            self.sidecar.started(pod)
 
     def _compare_prepare(
         self, name: str, ours: str | None, twin_error: str, *, fails: bool
@@ -591,6 +653,8 @@ class Run:
 
     async def _do_unprepare(self, args: sc.PodRef) -> None:
         pod = self.pods[args.pod]
+        if self.sidecar is not None:
+            self.sidecar.ended(pod)
         reply = await self.twin.unprepare(pod)
         self.tally.compare("prepare", self.at, f"pod {args.pod}", "unprepare")
         if not reply.get("ok"):
@@ -618,6 +682,8 @@ class Run:
         await self._away_from_deadlines()
         if not await _until(self.ours.settled, REPORT_DEADLINE):
             raise TimingError("our deadline task or status callback fell behind wall-clock time")
+        if self.sidecar is not None and not await _until(self.sidecar.settled, REPORT_DEADLINE):
+            raise TimingError("our sidecar's deadline task, watches or writes fell behind")
         kept = len(self.observed)
         await self._compare_at(args)
         try:
@@ -664,6 +730,11 @@ class Run:
                 args.name, name, self.ours.status_of(pod), statuses.get(uid) or {},
                 ordered=ordered, tally=self.tally,
             )  # fmt: skip
+            if self.sidecar is not None:
+                self.observed += _compare.compare_status(
+                    args.name, name, self.sidecar.status_of(pod), statuses.get(uid) or {},
+                    ordered=ordered, tally=self.tally, kind="sidecar",
+                )  # fmt: skip
         state = (await self._twin_ok("state", self.twin.state())).get("state")
         now = time.time()
         self.observed += _compare.compare_devices(
@@ -718,7 +789,8 @@ class Run:
                 or key not in self.registered
             ):
                 continue
-            await _until(functools.partial(_reconnected, drv, calls), 10.0)
+            sides = len(self._our_sides())
+            await _until(functools.partial(_reconnected, drv, calls, sides), 10.0)
             waited = True
         if waited:
             await self._settle()
@@ -788,9 +860,9 @@ def fakedriver_not_supported() -> str:
     return fakedriver.NOT_SUPPORTED
 
 
-def _reconnected(drv: Driver, calls: int) -> bool:
-    # Both sides opened a new stream since ``calls`` were counted.
-    return _stream_calls(drv) >= calls + 2
+def _reconnected(drv: Driver, calls: int, sides: int) -> bool:
+    # The twin and each of our sides opened a new stream since ``calls`` were counted.
+    return _stream_calls(drv) >= calls + 1 + sides
 
 
 def _stream_calls(drv: Driver) -> int:

@@ -63,8 +63,11 @@ KINDS = (
     "prepare",
     "checkpoint",
     "twin",
+    "sidecar",
 )
-"""What is compared; a declared difference names the kinds it shows up in."""
+"""What is compared; a declared difference names the kinds it shows up in. ``sidecar``
+is the status comparison of our sidecar's writes (``_sidecar``); a ``status``
+declaration covers it too."""
 
 Health = Literal["Healthy", "Unhealthy", "Unknown"] | int
 

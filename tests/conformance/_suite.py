@@ -89,7 +89,11 @@ def masked_summary(results: Sequence[_runner.RunResult], *, detail: bool = False
                 rows.append(
                     f"    {result.scenario}: {count} in scope, {covered} seen: {diff.where()}"
                 )
+    sidecar = sum(r.by_kind.get("sidecar", 0) for r in results)
     lines = [f"  comparisons: {total} in {len(results)} runs"]
+    if sidecar:
+        status = sum(r.by_kind.get("status", 0) for r in results)
+        lines[0] += f" (status: {status} of the node agent, {sidecar} of the sidecar)"
     for feature in sorted(scope):
         lines.append(
             f"  masked by {feature}: {scope[feature]} comparisons in scope, "

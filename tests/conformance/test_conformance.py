@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conformance import _generate, _godriver, _matrix, _runner, _suite
+from tests.conformance import _generate, _godriver, _matrix, _runner, _sidecar, _suite
 from tests.conformance import _scenario as sc
 from tests.conformance.conftest import concurrency
 
@@ -31,6 +31,17 @@ def _check(results: list[_runner.RunResult], scenarios: list[sc.Scenario]) -> No
     for result in results:
         expected = _matrix.cell(by_name[result.scenario], result.line)
         assert result.cell() == expected, f"{result.scenario}: {result.cell()} != {expected}"
+        _check_sidecar_compared(result)
+
+
+def _check_sidecar_compared(result: _runner.RunResult) -> None:
+    """On the sidecar's lines a run that compared a status entry compared the sidecar's
+    too (the sidecar did not silently sit out); on the others it never ran."""
+    status, sidecar = result.by_kind.get("status", 0), result.by_kind.get("sidecar", 0)
+    if result.line not in _sidecar.LINES:
+        assert not sidecar, f"{result.scenario}: the sidecar ran on {result.line}"
+    elif status:
+        assert sidecar, f"{result.scenario}: {status} status comparisons, none of the sidecar"
 
 
 @pytest.mark.parametrize("line", sc.LINES)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from typing import Any
+
 from kubelet_dra.status import podstatus
-from kubelet_dra.testing import eventually
+from kubelet_dra.testing import eventually, fakeapi
 from tests.integration import _kube_harness as h
+from tests.integration._driver_fixtures import WRITER, make_settings
 
 H = h.H
 
@@ -62,3 +67,57 @@ async def test_pod_on_another_node_is_never_written() -> None:
         await h.settled(t)
         assert t.server.status_writes(name="theirs") == []
         assert t.index.pod(other["metadata"]["uid"]) is None
+
+
+async def test_an_answer_older_than_the_watch_never_replaces_the_pod() -> None:
+    """Our write (the condition alone: no container is listed yet) is applied; then the
+    kubelet lists the containers, and the watch brings that newer pod before our write's
+    answer arrives on its own connection. The writer must keep the newer pod: taking the
+    answer instead, it planned again on a pod with nothing listed and the field waited
+    for the next health change (found by the conformance suite's sidecar comparison:
+    generated-92 on 1.38, about one run in 100 under load)."""
+    with fakeapi.FakeApiServer() as server:
+        t = h.Harness(server, make_settings(tuning=WRITER))
+        claim = server.create_claim(
+            fakeapi.make_claim("p1-gpu", results=[(h.DRV, "pool", "gpu-0", "gpu")])
+        )
+        server.create_pod(
+            fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")])
+        )
+        unlisted = server.update_pod("default", "p1", _without_containers)
+        t.index.set_pod(unlisted)
+        t.index.set_claim(claim)
+        t.writer.pod_updated(unlisted)
+        send = t.api.json_patch_pod_status_async
+
+        async def answer_after_the_watch(*args: Any, **kwargs: Any) -> Any:
+            answer = await send(*args, **kwargs)
+            if not listed:
+                listed.append(server.update_pod("default", "p1", _with_containers))
+                t.writer.pod_updated(listed[0])  # the watch event, before the answer
+            return answer
+
+        listed: list[dict[str, Any]] = []
+        t.api.json_patch_pod_status_async = answer_after_the_watch  # type: ignore[method-assign]
+        task = asyncio.create_task(t.writer.run())
+        try:
+            t.report("gpu-0", H.UNHEALTHY, "XID 79")
+            await eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+            assert listed, "the staged listing never happened"
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await t.stop()
+
+
+def _without_containers(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"].pop("containerStatuses", None)
+    pod["status"]["phase"] = "Pending"
+    return pod
+
+
+def _with_containers(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"]["phase"] = "Running"
+    pod["status"]["containerStatuses"] = fakeapi.fresh_container_statuses(pod)
+    return pod
