@@ -92,18 +92,9 @@ class OurSide(Registrations):
 
     def __init__(self, state_dir: pathlib.Path, *, node: str, registry: pathlib.Path) -> None:
         self.settings = settings_mod.Settings(
-            node_name=node,
-            state_dir=state_dir,
+            **run_settings(node, state_dir),
             plugins_registry=registry,
             role=settings_mod.Role.OWNER,
-            write_window=0.02,
-            startup_grace=0.0,
-            # Reconnects well before the kubelet's fixed 5 s, never near it, so a
-            # sync point can sit between the two or after both.
-            stream_backoff_initial=_runner_reconnect(),
-            stream_backoff_max=_runner_reconnect(),
-            store_flush_interval=0.1,
-            metrics_address="",
             pod_condition_type="",
         )
         self.manager = _Manager(self.settings, on_status=self._delivered, watch_registry=False)
@@ -239,9 +230,7 @@ class OurSide(Registrations):
     def settled(self) -> bool:
         """Our side has caught up with wall-clock time: no lease deadline is overdue (the
         deadline task ran) and every marked pod's status was delivered."""
-        now = self.manager.clock.now()
-        deadline = self.manager.cache.next_deadline()
-        if deadline is not None and deadline < now - 0.05:
+        if not deadlines_caught_up(self.manager):
             return False
         # The manager's own queue of pods waiting for the callback (node-agent mode).
         return self.manager.agent.idle
@@ -274,6 +263,28 @@ class OurSide(Registrations):
             health, message = cache.get(models.DeviceKey(*key), now).visible(now)
             out[key] = (health.value, message)
         return out
+
+
+def run_settings(node: str, state_dir: pathlib.Path) -> dict[str, Any]:
+    """What our node agent and our sidecar of a run share (``Settings`` fields)."""
+    return {
+        "node_name": node,
+        "state_dir": state_dir,
+        "write_window": 0.02,
+        "startup_grace": 0.0,
+        # Reconnects well before the kubelet's fixed 5 s, never near it, so a sync
+        # point can sit between the two or after both.
+        "stream_backoff_initial": _runner_reconnect(),
+        "stream_backoff_max": _runner_reconnect(),
+        "store_flush_interval": 0.1,
+        "metrics_address": "",
+    }
+
+
+def deadlines_caught_up(manager: manager_mod.DRAHealthManager) -> bool:
+    """No lease deadline is overdue: the manager's deadline task kept up with the clock."""
+    deadline = manager.cache.next_deadline()
+    return deadline is None or deadline >= manager.clock.now() - 0.05
 
 
 def _runner_reconnect() -> float:

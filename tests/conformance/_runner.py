@@ -372,7 +372,9 @@ class Run:
         if ours is None and health:
             await self._stream_opened(drv, before, "our side")
         ours_stream = _new_streams(before, drv.calls)
-        await self._register_sidecar(drv, driver, socket, services, ours)
+        before = dict(drv.calls)
+        if await self._sidecar_registered(driver, socket, services, ours) and health:
+            await self._stream_opened(drv, before, "our sidecar")
         # Subjects name the scenario's endpoint ("main"), not the run's socket path.
         self._compare_registration(driver, endpoint, twin, ours, refused=False)
         subject = f"register {driver} at {endpoint}"
@@ -386,22 +388,20 @@ class Run:
         self.registered[(driver, endpoint)] = socket
         await asyncio.sleep(SETTLE)
 
-    async def _register_sidecar(
-        self, drv: Driver, driver: str, socket: str, services: Sequence[str], ours: str | None
-    ) -> None:
-        """Register the sidecar like our node agent (the same validation, so the same
-        outcome) and wait for its stream."""
+    async def _sidecar_registered(
+        self, driver: str, endpoint: str, services: Sequence[str], ours: str | None
+    ) -> bool:
+        """Register the sidecar like our node agent: the same validation, so the same
+        outcome, or the run is broken. Whether it registered."""
         if self.sidecar is None:
-            return
-        before = dict(drv.calls)
-        refused = await self.sidecar.register(driver, socket, services)
+            return False
+        refused = await self.sidecar.register(driver, endpoint, services)
         if refused != ours:
             raise RuntimeError(
-                f"the sidecar's registration of {socket} ({refused or 'accepted'}) differs "
+                f"the sidecar's registration of {endpoint} ({refused or 'accepted'}) differs "
                 f"from the node agent's ({ours or 'accepted'}): the same code refused apart"
             )
-        if refused is None and any("DRAResourceHealth" in s for s in services):
-            await self._stream_opened(drv, before, "our sidecar")
+        return refused is None
 
     async def _stream_opened(self, drv: Driver, before: Mapping[str, int], side: str) -> None:
         """A side that registered a health service opens a stream (every line does, even one
@@ -584,13 +584,7 @@ class Run:
     async def _do_register(self, args: sc.Register) -> None:
         twin = await self.twin.register(args.driver, args.endpoint, args.services)
         ours = await self.ours.register(args.driver, args.endpoint, args.services)
-        if self.sidecar is not None:
-            sidecar = await self.sidecar.register(args.driver, args.endpoint, args.services)
-            if sidecar != ours:
-                raise RuntimeError(
-                    f"the sidecar's registration ({sidecar or 'accepted'}) differs from the "
-                    f"node agent's ({ours or 'accepted'})"
-                )
+        await self._sidecar_registered(args.driver, args.endpoint, args.services, ours)
         self._compare_registration(args.driver, args.endpoint, twin, ours, refused=args.refused)
         await asyncio.sleep(SETTLE)
 

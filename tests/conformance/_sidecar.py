@@ -56,19 +56,12 @@ class SidecarSide(_ours.Registrations):
 
     def __init__(self, state_dir: pathlib.Path, *, node: str, kubelet_dir: pathlib.Path) -> None:
         self.settings = settings_mod.Settings(
-            node_name=node,
-            state_dir=state_dir,
+            **_ours.run_settings(node, state_dir),
             plugins_registry=state_dir / "unused-registry",
             role=settings_mod.Role.OBSERVER,
             kubelet_root_dir=kubelet_dir,
             kubelet_checkpoint_interval=0.05,
             kubelet_field_grace=0.0,
-            write_window=0.02,
-            startup_grace=0.0,
-            stream_backoff_initial=_ours._runner_reconnect(),
-            stream_backoff_max=_ours._runner_reconnect(),
-            store_flush_interval=0.1,
-            metrics_address="",
             api_qps=1000.0,
             api_burst=1000,
         )
@@ -104,7 +97,7 @@ class SidecarSide(_ours.Registrations):
 
     def add_claims(self, objects: Mapping[str, Obj]) -> None:
         for obj in objects.values():
-            self.server.create_claim(_without_server_fields(obj))
+            self.server.create_claim(dict(obj))  # stored as a copy, without uid and version
 
     def started(self, pod: Obj) -> None:
         """The kubelet prepared the pod and started its containers: they are listed."""
@@ -137,9 +130,7 @@ class SidecarSide(_ours.Registrations):
     def settled(self) -> bool:
         """Caught up: no lease overdue, every pod's newest version and its claims read,
         the kubelet's checkpoint read as it stands, no pod waiting for a write."""
-        now = self.manager.clock.now()
-        deadline = self.manager.cache.next_deadline()
-        if deadline is not None and deadline < now - 0.05:
+        if not _ours.deadlines_caught_up(self.manager):
             return False
         pods, writer, checkpoint = self.manager.pods, self.manager.writer, self.manager.checkpoint
         if pods is None or writer is None or checkpoint is None:
@@ -165,14 +156,4 @@ def _unstarted(pod: Obj) -> dict[str, Any]:
     claimed = pod["status"].get("resourceClaimStatuses")
     if claimed:
         status["resourceClaimStatuses"] = claimed
-    meta = {k: v for k, v in pod["metadata"].items() if k != "uid"}
-    return {**pod, "metadata": meta, "status": status}
-
-
-def _without_server_fields(obj: Obj) -> dict[str, Any]:
-    meta = {
-        k: v
-        for k, v in obj["metadata"].items()
-        if k not in ("uid", "resourceVersion", "creationTimestamp", "managedFields")
-    }
-    return {**obj, "metadata": meta}
+    return {**pod, "status": status}  # the stand-in gives it a UID of its own
