@@ -27,7 +27,7 @@ import dataclasses
 import enum
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Container, Iterable, Iterator
 from typing import Any
 
 from kubelet_dra import models
@@ -83,6 +83,19 @@ class PostMortem:
     seq: int = 0  # order of creation: the oldest record is evicted first
 
 
+Sent = tuple[tuple[str, str], tuple[Any, ...]]
+"""(status field, container name) and the normalized entries a write sent it."""
+
+MAX_UNCONFIRMED = 16
+"""Entries kept per pod of writes not answered yet: a long outage with changing health
+sends a new set on each retry; only the newest can be what the server applied last."""
+
+
+def sent_entries(key: tuple[str, str], entries: Iterable[Obj]) -> Sent:
+    """What :meth:`PodState.sent` keeps of one container's entries."""
+    return key, tuple(podstatus.normalized(entries))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Written:
     """What our last accepted write left in the pod (to notice another writer)."""
@@ -109,11 +122,30 @@ class PodState:
         default_factory=dict
     )  # what the last event computation saw
     known_health: set[models.DeviceKey] = dataclasses.field(default_factory=set)
+    unconfirmed: dict[Sent, None] = dataclasses.field(default_factory=dict)
+    """Entries our writes sent since ``written`` was last set, newest last (see ``sent``)."""
 
     @property
     def uid(self) -> str:
         """The pod's UID (the table's key)."""
         return podjson.uid(self.pod)
+
+    def sent(self, entries: Iterable[Sent]) -> None:
+        """A write is on its way with these entries: until its answer, a version showing
+        them is ours. The answer can be lost after the server applied the write (a reset
+        or a stalled connection; the soak's fault proxy): the retry's ``test`` then fails,
+        the re-read shows our own entries, and reading them as a change by someone else
+        left the field to "the kubelet" for good (a lost final state in the soak)."""
+        for item in entries:
+            self.unconfirmed.pop(item, None)
+            self.unconfirmed[item] = None
+        while len(self.unconfirmed) > MAX_UNCONFIRMED:
+            del self.unconfirmed[next(iter(self.unconfirmed))]
+
+    def confirmed(self, written: Written) -> None:
+        """Our write's answer: what it left is known, and every earlier write is older."""
+        self.written = written
+        self.unconfirmed.clear()
 
 
 class PodStates:
@@ -288,7 +320,12 @@ def managed_entries(pod: Obj, desired: podstatus.Desired) -> tuple[Any, ...]:
 
 
 def kubelet_verdict(
-    written: Written | None, pod: Obj, desired: podstatus.Desired, *, kubelet_beside: bool = False
+    written: Written | None,
+    pod: Obj,
+    desired: podstatus.Desired,
+    *,
+    kubelet_beside: bool = False,
+    unconfirmed: Container[Sent] = (),
 ) -> Verdict:
     """What ``pod`` says about the kubelet, given what our last accepted write left.
 
@@ -306,9 +343,13 @@ def kubelet_verdict(
       ``ResourceHealthStatus`` gate is off.
     - Otherwise nobody touches it. ``written`` comes from our own write's
       answer, so a field the API server dropped is empty there: no removal.
+      Entries one of our writes sent whose answer we have not seen
+      (``unconfirmed``) are ours too, never evidence of another writer.
     """
     if written is None:
-        theirs = _foreign_ids(pod, desired) or (kubelet_beside and _named(pod, desired))
+        theirs = _foreign_ids(pod, desired) or (
+            kubelet_beside and _named(pod, desired) and not _all_sent(pod, desired, unconfirmed)
+        )
         return Verdict.KUBELET_WRITES if theirs else Verdict.NOBODY
     if podjson.resource_version_number(pod) <= written.rv:
         return Verdict.NOBODY
@@ -316,7 +357,7 @@ def kubelet_verdict(
     changed = removed = kept = False
     for key, before in written.entries:
         now = podstatus.normalized(podstatus.container_entries(status, *key))
-        if now == before:
+        if now == before or (key, tuple(now)) in unconfirmed:
             continue
         changed = True
         ours = {name for name, _ in before} & set(desired.containers.get(key) or ())
@@ -349,6 +390,16 @@ def _named(pod: Obj, desired: podstatus.Desired) -> bool:
         for (field, container), managed in desired.containers.items()
         for entry in podstatus.container_entries(status, field, container)
     )
+
+
+def _all_sent(pod: Obj, desired: podstatus.Desired, unconfirmed: Container[Sent]) -> bool:
+    """Whether every container we manage shows no entries or ones our writes sent."""
+    status = podjson.status(pod)
+    for key in desired.containers:
+        entries = podstatus.container_entries(status, *key)
+        if entries and sent_entries(key, entries) not in unconfirmed:
+            return False
+    return True
 
 
 def _ids(entry: Obj | None) -> set[str]:

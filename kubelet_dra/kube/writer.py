@@ -337,6 +337,7 @@ class StatusWriter:
             if plan is None:
                 self.stats.results["unchanged"] += 1
                 return
+            state.sent(podstate.sent_entries((c.field, c.name), c.entries) for c in plan.containers)
             try:
                 answer = await self._send(state, pod, list(plan.ops))
             except kube_api.CallError as exc:
@@ -430,7 +431,7 @@ class StatusWriter:
         self._gates.check_answer(plan, answer)
         if plan.containers:
             entries = podstate.managed_entries(answer, desired)
-            state.written = podstate.Written(_rv(answer), entries)
+            state.confirmed(podstate.Written(_rv(answer), entries))
 
     def _failed(self, state: podstate.PodState, exc: kube_api.CallError) -> None:
         self.stats.results["failed"] += 1
@@ -460,7 +461,9 @@ class StatusWriter:
         if self.mode is settings.ContainerStatusMode.OFF or self._gates.health_dropped:
             return False
         beside = self._kubelet_beside()
-        verdict = podstate.kubelet_verdict(state.written, pod, desired, kubelet_beside=beside)
+        verdict = podstate.kubelet_verdict(
+            state.written, pod, desired, kubelet_beside=beside, unconfirmed=state.unconfirmed
+        )
         if verdict is podstate.Verdict.KUBELET_REMOVES:
             self._kubelet_removed(state, pod)
         if self.mode is settings.ContainerStatusMode.ON:

@@ -82,6 +82,9 @@ class Harness:
     def healths(self, name: str) -> dict[str, str]:
         return {r["resourceID"]: r["health"] for e in self.entries(name) for r in e["resources"]}
 
+    def messages(self, name: str) -> list[str]:
+        return [r.get("message", "") for e in self.entries(name) for r in e["resources"]]
+
     def condition(self, name: str) -> dict[str, Any] | None:
         pod = self.server.get_pod("default", name)
         for cond in pod["status"].get("conditions") or ():

@@ -121,3 +121,25 @@ def _with_containers(pod: dict[str, Any]) -> dict[str, Any]:
     pod["status"]["phase"] = "Running"
     pod["status"]["containerStatuses"] = fakeapi.fresh_container_statuses(pod)
     return pod
+
+
+async def test_our_write_applied_with_its_answer_lost_is_never_taken_for_the_kubelets() -> None:
+    """The server applies our write and the answer is lost (a reset or a stalled
+    connection: the soak's fault proxy). The retry's ``test`` fails on our own entries,
+    the re-read shows them, and the writer read them as another writer's: the pod was
+    left to "the kubelet" and its next change never written (a lost final state in the
+    soak, seed 22: ``XID 127`` stayed where the driver said ``XID 96``)."""
+    async with h.running() as t:
+        t.pod_with_gpu("p1", "gpu-0")
+        await eventually(lambda: t.pods.claims_synced)
+        t.report("gpu-0", H.UNHEALTHY, "XID 79")
+        await eventually(lambda: t.messages("p1") == ["XID 79"])
+        await h.settled(t)
+        lost = t.server.lose_answer("PATCH", r"/pods/p1/status")
+        t.report("gpu-0", H.UNHEALTHY, "XID 127")
+        await eventually(lambda: t.messages("p1") == ["XID 127"])
+        await h.settled(t)
+        assert lost.hits == 1 and any(r.lost for r in t.server.requests)
+        t.report("gpu-0", H.UNHEALTHY, "XID 96")  # the health the same, the message new
+        await eventually(lambda: t.messages("p1") == ["XID 96"])
+        assert t.writer.stats.kubelet_owned_pods == 0

@@ -178,7 +178,7 @@ def test_before_any_write_only_foreign_ids_tell_the_kubelet_writes() -> None:
 
 def test_beside_a_kubelet_entries_we_did_not_write_are_the_kubelets() -> None:
     # With the kubelet's checkpoint our IDs equal its own: a restarted sidecar sees them.
-    beside = {"kubelet_beside": True}
+    beside: dict[str, Any] = {"kubelet_beside": True}
     assert podstate.kubelet_verdict(None, _pod(3, OURS), _desired(), **beside) is V.KUBELET_WRITES
     assert podstate.kubelet_verdict(None, _pod(3, OTHER), _desired(), **beside) is V.KUBELET_WRITES
     assert podstate.kubelet_verdict(None, _pod(3, PLUGIN), _desired(), **beside) is V.NOBODY
@@ -220,3 +220,35 @@ def test_the_oldest_record_goes_first_not_the_oldest_pod() -> None:
     states.set_record(second, record(1.0), limit=1)
     states.set_record(first, record(2.0), limit=1)  # beyond the limit: second's record goes
     assert first.record is not None and second.record is None
+
+
+def test_entries_a_write_sent_are_ours_until_its_answer_comes() -> None:
+    # Our write of OTHER was applied, its answer lost: the version showing it is ours.
+    state = podstate.PodState(_pod(5, OURS))
+    state.written = _written(_pod(5, OURS))
+    state.sent([podstate.sent_entries(MAIN, [OTHER])])
+    sent: dict[str, Any] = {"unconfirmed": state.unconfirmed}
+    assert podstate.kubelet_verdict(state.written, _pod(6, OTHER), _desired(), **sent) is V.NOBODY
+    assert podstate.kubelet_verdict(state.written, _pod(6, CDI), _desired(), **sent) is (
+        V.KUBELET_WRITES
+    )
+    # A write that removed our entries, applied unanswered, is no removal by the kubelet.
+    state.sent([podstate.sent_entries(MAIN, [])])
+    assert podstate.kubelet_verdict(state.written, _pod(7), _desired(), **sent) is V.NOBODY
+    # Before any answer, beside a kubelet: entries we sent are not the kubelet's.
+    beside: dict[str, Any] = {"kubelet_beside": True, **sent}
+    assert podstate.kubelet_verdict(None, _pod(3, OTHER), _desired(), **beside) is V.NOBODY
+    assert podstate.kubelet_verdict(None, _pod(3, OURS), _desired(), **beside) is V.KUBELET_WRITES
+    # An answer confirms what is there: the in-flight record goes.
+    state.confirmed(_written(_pod(8, OTHER)))
+    assert not state.unconfirmed and state.written.rv == 8
+
+
+def test_the_in_flight_record_keeps_the_newest_entries_only() -> None:
+    state = podstate.PodState(_pod(5))
+    for i in range(podstate.MAX_UNCONFIRMED + 5):
+        entry = {"name": "claim:gpu", "resources": [{"resourceID": f"r{i}", "health": "Healthy"}]}
+        state.sent([podstate.sent_entries(MAIN, [entry])])
+    assert len(state.unconfirmed) == podstate.MAX_UNCONFIRMED
+    newest = {"name": "claim:gpu", "resources": [{"resourceID": "r20", "health": "Healthy"}]}
+    assert list(state.unconfirmed)[-1] == podstate.sent_entries(MAIN, [newest])

@@ -413,6 +413,18 @@ class FakeApiServer:
             Fault("drop", method, re.compile(path), remaining=times, watch=watch)
         )
 
+    def lose_answer(
+        self, method: str | None, path: str, *, times: int | None = 1, watch: bool | None = None
+    ) -> Fault:
+        """Carry out matching requests, then close the connection without the answer.
+
+        What a reset or a stalled connection after the server applied a write looks
+        like to its client: the write took effect, the client cannot know it.
+        """
+        return self._faults.add(
+            Fault("lose", method, re.compile(path), remaining=times, watch=watch)
+        )
+
     def clear_fault(self, fault: Fault) -> None:
         self._faults.remove(fault)
 

@@ -41,6 +41,7 @@ class RequestRecord:
     status: int
     timestamp: float
     stored: Any = None
+    lost: bool = False  # carried out, but its answer was never sent (``lose_answer``)
 
     @property
     def is_watch(self) -> bool:
@@ -60,7 +61,7 @@ class Fault:
     non-watch requests (False).
     """
 
-    action: str  # "fail", "delay" or "drop"
+    action: str  # "fail", "delay", "drop" or "lose"
     method: str | None
     path: re.Pattern[str]
     code: int = 500

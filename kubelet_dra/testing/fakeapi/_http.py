@@ -103,6 +103,7 @@ class Handler(BaseHTTPRequestHandler):
     # waits ~40 ms for the client's delayed ACK (a real apiserver does not).
     disable_nagle_algorithm = True
     server: Server
+    _lose = False  # this request's answer is to be lost (a "lose" fault)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the request log replaces stderr access logs
@@ -139,8 +140,10 @@ class Handler(BaseHTTPRequestHandler):
         if rule is not None and rule.action == "drop":
             self._drop()
             return
+        # "lose": the request is carried out, then the connection closes unanswered.
+        self._lose = rule is not None and rule.action == "lose"
         try:
-            if rule is not None:
+            if rule is not None and not self._lose:
                 raise rule.error()
             self._authenticate()
             if body_error is not None:
@@ -149,7 +152,7 @@ class Handler(BaseHTTPRequestHandler):
         except status.ApiError as err:
             self._send(err.code, err.status, err.headers)
 
-    def _record(self, code: int, answer: Any = None) -> None:
+    def _record(self, code: int, answer: Any = None, *, lost: bool = False) -> None:
         stored = None
         if code < 300 and self._method in ("PUT", "PATCH") and self._url_path.endswith("/status"):
             # A copy: the answer may be the stored object, which later writes change.
@@ -164,11 +167,15 @@ class Handler(BaseHTTPRequestHandler):
                 status=code,
                 timestamp=time.time(),
                 stored=stored,
+                lost=lost,
             )
         )
 
     def _drop(self) -> None:
         self._record(0)
+        self._disconnect()
+
+    def _disconnect(self) -> None:
         self.close_connection = True
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -179,6 +186,10 @@ class Handler(BaseHTTPRequestHandler):
             raise status.ApiError(status.status_body(401, "Unauthorized", "Unauthorized"))
 
     def _send(self, code: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        if self._lose:
+            self._record(code, body, lost=True)
+            self._disconnect()
+            return
         self._record(code, body)
         data = json.dumps(body).encode()
         self.send_response(code)
