@@ -446,6 +446,7 @@ class DRAHealthManager:
             store_errors=self.store_errors,
             api_field_dropped=bool(stats and stats.gate_off),
             kubelet_removes_field=bool(stats and stats.kubelet_removes),
+            kubelet_owned_pods=stats.kubelet_owned_pods if stats else 0,
             field_removals=stats.field_removals if stats else 0,
             now=now,
             loop_tasks=_live_tasks(),

@@ -85,6 +85,7 @@ class State:
     store_errors: int = 0
     api_field_dropped: bool = False
     kubelet_removes_field: bool = False
+    kubelet_owned_pods: int = 0
     field_removals: int = 0
     now: float = 0.0
     taint_bridge: str | None = None  # starting, active or off; None: off by configuration
@@ -250,11 +251,17 @@ def _writer_metrics(state: State) -> Iterator[core.Metric]:
         [],
     )
     removes.add_metric([], 1.0 if state.kubelet_removes_field else 0.0)
+    owned = _gauge(
+        "kubelet_owned_pods",
+        "Pods whose allocatedResourcesStatus is left to the kubelet (it writes the field).",
+        [],
+    )
+    owned.add_metric([], state.kubelet_owned_pods)
     removals = _counter(
         "field_removals", "Removals by another writer of allocatedResourcesStatus we wrote.", []
     )
     removals.add_metric([], state.field_removals)
-    yield from (writes, pending, dropped, removes, removals)
+    yield from (writes, pending, dropped, removes, owned, removals)
 
 
 def _store_metrics(state: State) -> Iterator[core.Metric]:

@@ -18,6 +18,7 @@ from prometheus_client import parser
 from kubelet_dra import settings
 from kubelet_dra.sidecar import Sidecar
 from kubelet_dra.state import healthinfo
+from kubelet_dra.status import podstatus
 from kubelet_dra.testing import FakeApiServer, FakeDriver, eventually
 
 from ._kubelet_status import KubeletStatusManager
@@ -57,6 +58,8 @@ FAMILIES = {
     # issue 19: the node's kubelet removes the field (its gate off), and removals seen
     "kubelet_dra_kubelet_removes_field": "gauge",
     "kubelet_dra_field_removals": "counter",
+    # issue 22 (the soak): pods whose field is left to a kubelet that writes it
+    "kubelet_dra_kubelet_owned_pods": "gauge",
     # issue 22: connections and requests the metrics port refused, by reason
     "kubelet_dra_metrics_server_refused": "counter",
     # issue 22 (the soak): asyncio tasks alive on the event loop
@@ -158,6 +161,25 @@ async def test_a_kubelet_that_removes_the_field_shows_in_metrics_and_readyz(
         note = detail["notes"]["container_status"]
         assert "removes" in note and "ResourceHealthStatus feature gate is off" in note
         assert "pod condition DeviceHealthy" in note
+
+
+def _cdi_entries(pod: dict[str, Any], container: str) -> list[dict[str, Any]] | None:
+    """A health-aware kubelet's entries (gate on): its CDI IDs under our entry names."""
+    entries = podstatus.container_entries(pod["status"], "containerStatuses", container)
+    cdi = [{"resourceID": f"{DRIVER}/gpu=dev", "health": "Healthy"}]
+    return [{"name": e["name"], "resources": cdi} for e in entries] or None
+
+
+async def test_pods_left_to_a_kubelet_that_writes_the_field_are_counted(
+    sockdir: pathlib.Path, api: FakeApiServer, driver: FakeDriver
+) -> None:
+    await driver.set_health(device("gpu-0"), device("gpu-1", "Unhealthy"))
+    async with Sidecar(config(sockdir, api)) as sidecar:
+        await eventually(lambda: health_of(api, "train-b", "gpu-1") == "Unhealthy")
+        await eventually(lambda: health_of(api, "train-a", "gpu-0") == "Healthy")
+        assert (await scrape(sidecar)).value("kubelet_dra_kubelet_owned_pods") == 0
+        async with KubeletStatusManager(api, node=NODE, entries=_cdi_entries).running(0.05):
+            await scrape_until(sidecar, "kubelet_dra_kubelet_owned_pods", 2)
 
 
 async def test_every_metric_family_is_exported(

@@ -123,9 +123,13 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
         "resources": resources,
         "peaks": _peaks(soak.samples),
         "harness_errors": soak.errors + [f"proxy: {e}" for e in soak.proxy.errors],
+        "phantom_kubelet": _phantom_kubelet(soak.samples),
     }
+    summary["phantom_kubelet_samples"] = len(summary["phantom_kubelet"])
+    summary["phantom_kubelet"] = summary["phantom_kubelet"][:5]
     summary["ok"] = (
         not lost
+        and not summary["phantom_kubelet"]
         and not blips
         and not refused
         and all(r["ok"] for r in resources.values())
@@ -133,6 +137,16 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
     )
     _write(soak, summary)
     return summary
+
+
+def _phantom_kubelet(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Samples in which the sidecar saw a kubelet writing or removing the field: there is
+    none in the soak, so each is our own write taken for someone else's."""
+    return [
+        {"t": r["t"], "kubelet_owned": r.get("kubelet_owned"), "removes": r.get("kubelet_removes")}
+        for r in samples
+        if r.get("kubelet_owned") or r.get("kubelet_removes")
+    ]
 
 
 def _capped(samples: list[dict[str, Any]], name: str, cap: int) -> dict[str, Any]:
@@ -207,6 +221,8 @@ def table(summary: dict[str, Any]) -> str:
         f"| final convergence | {summary['final_convergence']['converged_after']} s "
         "after the run's end |",
         f"| Unknown blips (lease running) | {len(summary['unknown_blips'])} |",
+        "| pods left to a kubelet that is not there | "
+        f"{summary.get('phantom_kubelet_samples', 'n/a')} samples |",
         f"| writes refused as invalid | {len(summary['refused_invalid'])} "
         f"(and {summary['patch_tests_failed']} JSON patches whose `test` failed: conflicts) |",
         f"| RSS slope | {slope('rss_mb', 'MB')} (range {span('rss_mb', '{:.1f}')} MB) |",

@@ -41,7 +41,13 @@ def test_three_minutes_of_mixed_faults_lose_nothing(tmp_path: Path) -> None:
     print("\n" + _report.table(summary))
     failed = {
         key: summary[key][:5]
-        for key in ("lost_final_states", "unknown_blips", "refused_invalid", "harness_errors")
+        for key in (
+            "lost_final_states",
+            "unknown_blips",
+            "refused_invalid",
+            "harness_errors",
+            "phantom_kubelet",
+        )
         if summary[key]
     }
     bad = {k: v for k, v in summary["resources"].items() if not v["ok"]}
