@@ -220,11 +220,16 @@ class FaultProxy:
                 return
         server = upstream()
         server.sock.sendall(request.raw)
-        status, head, body = _relay_response(server.reader, conn, request, capture=request.captured)
+        # A reset after forwarding: the server applies the request, its answer goes
+        # nowhere (relayed, it could reach the client before the reset).
+        send = _discard if after else conn.sendall
+        status, head, body = _relay_response(server.reader, send, request, capture=request.captured)
+        # Applied either way: a write whose answer the reset loses is in the stored pod's
+        # history (the blip check reads it), and the writer must not take it for another's.
+        self._record(request, status, head, body)
         if after:
             _reset(conn)
             raise _Closed
-        self._record(request, status, head, body)
 
     def _record(self, request: _Request, status: int, head: bytes, body: bytes | None) -> None:
         if body is None:
@@ -301,10 +306,10 @@ def _read_request(reader: Any) -> _Request | None:
 
 
 def _relay_response(
-    reader: Any, conn: ssl.SSLSocket, request: _Request, *, capture: bool
+    reader: Any, send: Callable[[bytes], object], request: _Request, *, capture: bool
 ) -> tuple[int, bytes, bytes | None]:
-    """Copy one response from the upstream ``reader`` to ``conn``; return its status, head
-    and body (the body only when ``capture``, de-chunked)."""
+    """Copy one response from the upstream ``reader`` through ``send``; return its status,
+    head and body (the body only when ``capture``, de-chunked)."""
     read = _read_head(reader)
     if read is None:
         raise _Closed
@@ -313,7 +318,7 @@ def _relay_response(
     length = int(headers[b"content-length"]) if b"content-length" in headers else None
     chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
     head = b"".join(head_lines)
-    conn.sendall(head)
+    send(head)
     body = bytearray() if capture else None
     if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
         return status, head, bytes(body) if body is not None else None
@@ -324,13 +329,13 @@ def _relay_response(
                 raise _Closed
             size = int(size_line.split(b";")[0].strip(), 16)
             data = reader.read(size + 2) if size else b""
-            conn.sendall(size_line + data)
+            send(size_line + data)
             if body is not None:
                 body += data[:-2]
             if size == 0:
                 while (trailer := reader.readline(65537)) not in (b"\r\n", b"\n", b""):
-                    conn.sendall(trailer)
-                conn.sendall(b"\r\n")
+                    send(trailer)
+                send(b"\r\n")
                 break
     elif length is not None:
         remaining = length
@@ -338,13 +343,13 @@ def _relay_response(
             data = reader.read1(min(remaining, 65536))
             if not data:
                 raise _Closed
-            conn.sendall(data)
+            send(data)
             remaining -= len(data)
             if body is not None:
                 body += data
     else:
         while data := reader.read1(65536):
-            conn.sendall(data)
+            send(data)
         raise _Closed
     return status, head, bytes(body) if body is not None else None
 
@@ -387,6 +392,10 @@ def _answer_fault(conn: ssl.SSLSocket, window: Window) -> None:
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
+
+
+def _discard(data: bytes) -> None:
+    """Where an answer the client must never hear goes."""
 
 
 def _reset(conn: ssl.SSLSocket) -> None:

@@ -95,6 +95,7 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
     resources = {name: _resource(fitted[name], getattr(bounds, name)) for name in SERIES}
     resources["wal_bytes"] = _capped(soak.samples, "wal_bytes", WAL_CAP)
     lags = sorted(soak.conv.lags)
+    phantom = _phantom_kubelet(soak.samples)
     rows = [r for r in soak.samples]
     minutes_run = (rows[-1]["t"] / 60) if rows else 0.0
     summary = {
@@ -123,10 +124,9 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
         "resources": resources,
         "peaks": _peaks(soak.samples),
         "harness_errors": soak.errors + [f"proxy: {e}" for e in soak.proxy.errors],
-        "phantom_kubelet": _phantom_kubelet(soak.samples),
+        "phantom_kubelet": phantom[:5],
+        "phantom_kubelet_samples": len(phantom),
     }
-    summary["phantom_kubelet_samples"] = len(summary["phantom_kubelet"])
-    summary["phantom_kubelet"] = summary["phantom_kubelet"][:5]
     summary["ok"] = (
         not lost
         and not summary["phantom_kubelet"]

@@ -141,3 +141,17 @@ def test_the_state_file_slope_is_the_main_file_s_and_the_wal_is_held_to_a_cap() 
     assert grown is not None and grown > report.LONG.state_mb
     samples[-1]["wal_bytes"] = report.WAL_CAP + 1
     assert not report._capped(samples, "wal_bytes", report.WAL_CAP)["ok"]
+
+
+def test_a_sample_in_which_the_sidecar_sees_a_kubelet_is_a_failure() -> None:
+    # No kubelet runs in the soak: the sidecar leaving a pod to one (or seeing one remove
+    # the field) took its own write for another writer's, which lost the next change.
+    rows = [
+        {"t": 1.0, "kubelet_owned": 0.0, "kubelet_removes": 0.0},
+        {"t": 2.0},  # a scrape that failed: no evidence either way
+        {"t": 3.0, "kubelet_owned": 1.0, "kubelet_removes": 0.0},
+        {"t": 4.0, "kubelet_owned": 0.0, "kubelet_removes": 1.0},
+    ]
+    found = report._phantom_kubelet(rows)
+    assert [r["t"] for r in found] == [3.0, 4.0]
+    assert report._phantom_kubelet(rows[:2]) == []
