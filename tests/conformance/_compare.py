@@ -57,6 +57,8 @@ class Observed:
             )
             return head + "\n    " + "\n    ".join(diff)
         twin, ours = _short(self.twin), _short(self.ours)
+        if self.kind == "predicted":
+            return f"{head}\n    predicted: {twin}\n    announced: {ours}"
         return f"{head}\n    twin (kubelet): {twin}\n    ours:           {ours}"
 
 
@@ -166,6 +168,29 @@ def compare_announced(
             tally.compare("announced", at, subject, "announced")
         if (pod in ours) != (pod in twin):
             found.append(Observed("announced", at, subject, pod in ours, pod in twin, "announced"))
+    return found
+
+
+def compare_predicted(
+    at: str,
+    ours: set[str],
+    twin: set[str],
+    predicted: Any,
+    *,
+    tally: Tally | None = None,
+) -> list[Observed]:
+    """Each side's announced pods against the prediction (a ``Sync.announced``): kind
+    ``predicted``, subject ``announced by ours|twin``; ``ours`` holds what that side
+    announced and ``twin`` what the model predicted."""
+    found = []
+    for side, actual, want in (("ours", ours, predicted.ours), ("twin", twin, predicted.twin)):
+        subject = f"announced by {side}"
+        if tally is not None:
+            tally.compare("predicted", at, subject, "announced")
+        if actual != set(want):
+            found.append(
+                Observed("predicted", at, subject, sorted(actual), sorted(want), "announced")
+            )
     return found
 
 

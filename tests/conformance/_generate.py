@@ -204,9 +204,12 @@ class _Plan:
     def sync(self) -> None:
         self.syncs += 1
         name = f"s{self.syncs}"
-        self.steps.append({"sync": name})
         differ = self.model.reads_differ(self.now)
         ours, kubelet, causes = self.model.sync(self.now)
+        # Each side's whole set, not only where they differ: a pod both sides announce
+        # (or both miss) against the model fails too.
+        predicted = {"ours": sorted(ours), "twin": sorted(kubelet)}
+        self.steps.append({"sync": {"name": name, "announced": predicted}})
         if differ:
             self.differing[name] = differ
             self.split_at[name] = set(self.split_messages)

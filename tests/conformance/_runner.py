@@ -716,6 +716,10 @@ class Run:
         self.observed += _compare.compare_announced(
             args.name, ours_announced, twin_announced, self.pods, tally=self.tally
         )
+        if args.announced is not None:
+            self.observed += _compare.compare_predicted(
+                args.name, ours_announced, twin_announced, args.announced, tally=self.tally
+            )
         statuses = reply.get("statuses") or {}
         ordered = _twin_line(self.line) >= 38
         for name, pod in self.pods.items():

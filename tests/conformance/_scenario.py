@@ -307,8 +307,18 @@ class Register(_Step):
     only then is a refusal on both sides the same."""
 
 
+class Announced(_Model):
+    """The pods each side announces between the previous sync point and this one."""
+
+    ours: tuple[str, ...] = ()
+    twin: tuple[str, ...] = ()
+
+
 class Sync(_Step):
     name: str
+    announced: Announced | None = None
+    """Where given (the generator's model of both sides), each side's announced pods must
+    be exactly these: a miss is kind ``predicted``, which no declaration can cover."""
 
 
 class Wait(_Step):

@@ -282,6 +282,38 @@ def test_announced_pods_are_compared_one_by_one() -> None:
     assert tally.total == 4
 
 
+def test_each_sides_announced_pods_are_compared_with_the_prediction() -> None:
+    step = sc.Scenario.model_validate(
+        {
+            "name": "x", "description": "x", "drivers": [{"name": "d"}],
+            "timeline": [{"sync": {"name": "a", "announced": {"ours": ["p"], "twin": []}}}],
+        }
+    ).timeline[0].args  # fmt: skip
+    assert isinstance(step, sc.Sync) and step.announced is not None
+    tally = _compare.Tally([])
+    # Both sides agree, so compare_announced sees nothing; the model said otherwise.
+    assert _compare.compare_announced("a", {"q"}, {"q"}, ["p", "q"], tally=tally) == []
+    found = _compare.compare_predicted("a", {"q"}, {"q"}, step.announced, tally=tally)
+    assert [(o.kind, o.subject, o.ours, o.twin) for o in found] == [
+        ("predicted", "announced by ours", ["q"], ["p"]),
+        ("predicted", "announced by twin", ["q"], []),
+    ]
+    assert 'predicted: ["p"]' in found[0].render()
+    assert _compare.compare_predicted("a", {"p"}, set(), step.announced) == []
+    # No declaration can cover a prediction that did not come true.
+    with pytest.raises(ValueError, match="unknown kind 'predicted'"):
+        sc.Difference.model_validate(
+            {"feature": "x", "kinds": ["predicted"], "subject": "announced by ours",
+             "field": "announced"}
+        )  # fmt: skip
+
+
+def test_every_generated_sync_point_carries_both_predicted_sets() -> None:
+    for seed in (1, 2, 3):
+        syncs = [s.args for s in _generate.scenario(seed).timeline if isinstance(s.args, sc.Sync)]
+        assert syncs and all(s.announced is not None for s in syncs)
+
+
 def test_status_order_counts_from_1_38_only() -> None:
     a = {"name": "claim:a", "resources": [{"resourceID": "r1", "health": "Healthy"}]}
     b = {"name": "claim:b", "resources": [{"resourceID": "r2", "health": "Healthy"}]}
