@@ -175,7 +175,7 @@ def compare_predicted(
     at: str,
     ours: set[str],
     twin: set[str],
-    predicted: Any,
+    predicted: sc.Announced,
     *,
     tally: Tally | None = None,
 ) -> list[Observed]:

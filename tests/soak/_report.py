@@ -129,7 +129,7 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
     }
     summary["ok"] = (
         not lost
-        and not summary["phantom_kubelet"]
+        and not phantom
         and not blips
         and not refused
         and all(r["ok"] for r in resources.values())
