@@ -18,11 +18,13 @@ check passes and lists each check either way, with ``notes`` on what works
 but differently than configured (they never fail readiness).
 
 The port is a neighbour's to reach, so the server bounds what a client can
-hold (a hostile neighbour must not starve the probes): a connection that sends no complete
-request line or headers within ``idle_timeout`` seconds is closed; at most
-``max_connections`` are served at once (one thread each) and a connection
-over that is closed at once; a request line over 64 KiB (414), a header line
-over 64 KiB or more than 100 headers (431) are refused by ``http.server``.
+hold (a hostile neighbour must not starve the probes): a connection that sends nothing
+within ``idle_timeout`` seconds is closed, and so is one whose next read of the request line
+or headers waits longer than that; until its first bytes a connection waits on one shared
+thread (:mod:`kubelet_dra.waitroom`), then gets a thread of its own; at most
+``max_connections`` are open at once and a connection over that is closed at
+once; a request line over 64 KiB (414), a header line over 64 KiB or more than
+100 headers (431) are refused by ``http.server``.
 Each is counted in ``kubelet_dra_metrics_server_refused_total{reason}`` and
 logged (the first of each reason, then at most once a minute with the count).
 """
@@ -43,7 +45,7 @@ from typing import Any
 import prometheus_client
 from prometheus_client import core, registry
 
-from kubelet_dra import errors
+from kubelet_dra import errors, waitroom
 
 logger = logging.getLogger(__name__)
 
@@ -387,6 +389,10 @@ class Server:
             self.heartbeat = time.monotonic()
             await asyncio.sleep(interval)
 
+    def waiting(self) -> int:
+        """Connections accepted that have sent nothing yet (they hold a slot, no thread)."""
+        return self._httpd.room.waiting() if self._httpd is not None else 0
+
     def stalled(self) -> bool:
         return time.monotonic() - self.heartbeat > self.stall_after
 
@@ -410,7 +416,13 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class _HTTPServer(http.server.ThreadingHTTPServer):
-    """One thread per connection, at most ``max_connections`` of them."""
+    """At most ``max_connections`` open; a thread each only once it has sent something.
+
+    An accepted connection holds a slot from the start (the cap bounds sockets, not only
+    threads), then waits in a :class:`waitroom.WaitingRoom` until its first bytes arrive:
+    a thousand idle neighbours cost one thread and a selector, not a thousand threads
+    started ahead of the scrape that came after them.
+    """
 
     daemon_threads = True
     # socketserver's default backlog is 5: a burst of connections (a neighbour
@@ -427,6 +439,10 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
         super().__init__(address, handler)
         self.owner = server
         self._slots = threading.BoundedSemaphore(server.max_connections)
+        self.room = waitroom.WaitingRoom(
+            server.idle_timeout, ready=self._serve, idle=self._idle, drop=self._close
+        )
+        self.room.start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
@@ -437,17 +453,36 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
             )
             self.shutdown_request(request)
             return
+        self.room.add(request, client_address)
+
+    def _serve(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
+        except Exception:  # no thread to be had: this connection goes, the port stays
+            self.handle_error(request, client_address)
+            self._close(request, client_address)
+
+    def _idle(self, request: Any, client_address: Any) -> None:
+        self.owner.refuse(
+            "idle_timeout",
+            _client(client_address),
+            f"no request within {self.owner.idle_timeout:g} s",
+        )
+        self._close(request, client_address)
+
+    def _close(self, request: Any, client_address: Any) -> None:
+        self.shutdown_request(request)
+        self._slots.release()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def server_close(self) -> None:
+        self.room.close()
+        super().server_close()
 
 
 class _ServerCollector(registry.Collector):

@@ -71,13 +71,17 @@ def test_a_thousand_idle_connections_are_let_go_and_the_port_keeps_answering(
     loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, "kubelet_dra.metrics")
-    server = _server(loop, max_connections=2000)
+    # Long enough an idle timeout that all 1,000 are open together on a loaded machine.
+    server = _server(loop, max_connections=2000, idle_timeout=5)
     idle = [_connect(server) for _ in range(1000)]
     try:
-        # While all of them are open, the port answers.
+        # All of them accepted, they wait on the one waiting-room thread, none on its own:
+        # a scrape behind them is not queued behind a thousand thread starts.
+        eventually_sync(lambda: server.waiting() == 1000, timeout=10)
+        assert _handler_threads() == 0
         assert get(f"http://{server.address}/healthz")[0] == 200
         assert get(f"http://{server.address}/metrics")[0] == 200
-        # Each is closed by the server after IDLE seconds without a request.
+        # Each is closed by the server once its idle timeout passes without a byte.
         for sock in idle:
             sock.settimeout(10)
             assert sock.recv(1) == b""
@@ -98,9 +102,8 @@ def test_connections_over_the_cap_are_closed_at_once_and_counted(
     server = _server(loop, max_connections=20, idle_timeout=30)
     idle = [_connect(server) for _ in range(20)]
     try:
-        # Every idle connection holds a slot once its handler thread runs (other threads of
-        # the process, a test runner's among them, do not count).
-        eventually_sync(lambda: _handler_threads() >= 20, timeout=10)
+        # Every idle connection holds a slot once accepted, and waits without a thread.
+        eventually_sync(lambda: server.waiting() == 20, timeout=10)
         extra = _connect(server)
         extra.settimeout(5)
         assert extra.recv(1) == b""  # closed without a thread
@@ -161,5 +164,21 @@ def test_a_huge_body_is_not_read_and_the_answer_comes(loop: asyncio.AbstractEven
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 sock.sendall(b"x" * 1_000_000)  # not read: a broken pipe, or dropped
         assert answer.startswith(b"HTTP/1.0 200"), answer
+    finally:
+        server.stop()
+
+
+def test_a_request_that_stops_halfway_is_closed_after_the_idle_timeout(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # Its first bytes gave it a thread; the handler's read timeout lets it go.
+    server = _server(loop)
+    try:
+        with _connect(server) as sock:
+            sock.sendall(b"GET /metr")
+            sock.settimeout(10)
+            assert sock.recv(1) == b""
+        eventually_sync(lambda: _refused(server, "idle_timeout") == 1, timeout=10)
+        assert server.waiting() == 0
     finally:
         server.stop()
