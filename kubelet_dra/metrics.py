@@ -436,12 +436,14 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
         *,
         server: Server,
     ) -> None:
-        super().__init__(address, handler)
         self.owner = server
         self._slots = threading.BoundedSemaphore(server.max_connections)
+        # Made before the bind: a port already taken makes socketserver call server_close
+        # from its __init__, which closes the room (never started) with the socket.
         self.room = waitroom.WaitingRoom(
             server.idle_timeout, ready=self._serve, idle=self._idle, drop=self._close
         )
+        super().__init__(address, handler)
         self.room.start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
