@@ -168,6 +168,150 @@ EQUIVALENT: dict[str, str] = {
         "the text of a ValueError that load() catches (it then reads row by row): "
         "it is never logged or shown",
     ),
+    # Round four (2026-12-03): podstatus, claims, taints, kube/podstate.
+    "kubelet_dra.status.podstatus.x__cut__mutmut_2": (
+        "`<=` made `<`: the only caller passes a size below the text's length (over >= 1 "
+        "because one device did not fit), so neither test is ever true"
+    ),
+    "kubelet_dra.status.podstatus.x__cut__mutmut_6": (
+        "decode('utf-8') made decode(): bytes.decode defaults to UTF-8"
+    ),
+    "kubelet_dra.status.podstatus.x__cut__mutmut_16": (
+        "'utf-8' made 'UTF-8': codec names ignore case"
+    ),
+    "kubelet_dra.status.podstatus.x__merge_containers__mutmut_32": (
+        "pop(key, None) made pop(key): merged_entries returns [] only when the current "
+        "list was non-empty (an empty one gives None), so the key is always there"
+    ),
+    "kubelet_dra.status.podstatus.x__order_key__mutmut_11": (
+        "'utf-8' made 'UTF-8': codec names ignore case"
+    ),
+    "kubelet_dra.status.podstatus.x__render__mutmut_5": (
+        "zip(strict=False) made strict=None: zip only checks whether the value is true, "
+        "and both are false"
+    ),
+    "kubelet_dra.status.podstatus.x__render__mutmut_8": (
+        "zip(strict=False) left at the default, which is False"
+    ),
+    "kubelet_dra.status.podstatus.x_condition_message__mutmut_12": (
+        "the search starting at 2: when only one device fits, it ends in the cut branch "
+        "with over <= 0, where _cut leaves the text whole and the same one-device message"
+        " comes out"
+    ),
+    "kubelet_dra.status.podstatus.x_condition_message__mutmut_13": (
+        "upper bound n + 1: _render with kept > n renders like kept = n, already known "
+        "not to fit, so the largest fitting count does not change"
+    ),
+    "kubelet_dra.status.podstatus.x_condition_message__mutmut_20": (
+        "mid = (low + high + 2) // 2 still lies in (low, high] whenever low < high, so "
+        "the search keeps its invariants and finds the same largest count"
+    ),
+    "kubelet_dra.status.podstatus.x_merge__mutmut_8": (
+        "changed |= x made changed = x on the first update: changed is still False at that point"
+    ),
+    "kubelet_dra.status.podstatus.x_update_allocated_resources_status__mutmut_19": (
+        "now=None for merge: with condition=False only _merge_containers runs, and it "
+        "never reads now"
+    ),
+    "kubelet_dra.status.podstatus.x_update_allocated_resources_status__mutmut_20": (
+        "condition=False made None: the function never asks for a condition type, so "
+        "desired.condition is None and the condition half is skipped either way"
+    ),
+    "kubelet_dra.status.podstatus.x_update_allocated_resources_status__mutmut_24": (
+        "condition=False left at the default True: the function never asks for a "
+        "condition type, so desired.condition is None and the condition half is skipped "
+        "either way"
+    ),
+    "kubelet_dra.status.podstatus.x_update_allocated_resources_status__mutmut_25": (
+        "condition=False made True: the function never asks for a condition type, so "
+        "desired.condition is None and the condition half is skipped either way"
+    ),
+    "kubelet_dra.status.claims.x_base_request__mutmut_4": (
+        'split("/")[0] gives the same first part as split("/", 1)[0]'
+    ),
+    "kubelet_dra.status.claims.x_base_request__mutmut_7": (
+        'split("/", 2)[0] gives the same first part as split("/", 1)[0]'
+    ),
+    "kubelet_dra.status.claims.xǁClaimIndexǁ_unlink__mutmut_5": (
+        "continue to break on a key with no pod set: unreachable, every key unlinked is "
+        "one of the pod's own claim keys, whose set (made by _link) holds the pod and is "
+        "deleted only once empty"
+    ),
+    "kubelet_dra.status.claims.xǁClaimIndexǁdevices_of_pod__mutmut_8": (
+        "`if key` made always true: devices_for(uid, None) finds no claim (none is stored"
+        " under None) and returns None, so the loop runs over () either way"
+    ),
+    "kubelet_dra.status.claims.xǁClaimIndexǁresource_ids__mutmut_9": (
+        "`if claim` made always true: unreachable, _claim_changed runs after every change"
+        " to the API and prepared claims, so a claim key in _device_claims always has an "
+        "effective claim"
+    ),
+    "kubelet_dra.taints.policy.x__cut__mutmut_4": (
+        "'UTF-8' and 'utf-8' name the same codec: Python's codec lookup ignores case"
+    ),
+    "kubelet_dra.taints.policy.x__cut__mutmut_14": (
+        "'UTF-8' and 'utf-8' name the same codec: Python's codec lookup ignores case"
+    ),
+    "kubelet_dra.taints.policy.x__cut__mutmut_9": (
+        "bytes.decode() without an encoding always decodes UTF-8 in Python 3 (not the "
+        "locale's encoding)"
+    ),
+    "kubelet_dra.taints.planner.x_rule_name__mutmut_38": (
+        "strip('XX-XX') strips the characters X and -; the prefix is lowercased and "
+        "reduced to [a-z0-9.-] first, so it never holds an X"
+    ),
+    "kubelet_dra.taints.planner.x_taint_from_rule__mutmut_27": (
+        "parse_rfc3339('XXXX') is None like parse_rfc3339(''): both fall back to now"
+    ),
+    "kubelet_dra.taints.planner.x_valid_taint_key__mutmut_15": (
+        "an empty name never fullmatches _QUALIFIED_NAME (at least one character), so 0 "
+        "<= len(name) rejects it as 0 < len(name) does"
+    ),
+    "kubelet_dra.kube.podstate.x__foreign_ids__mutmut_12": (
+        'the default of entry.get("name", "") is used only for an entry without a name, '
+        "and then `None in managed` is false (our names are strings), so `want` is never "
+        "read"
+    ),
+    "kubelet_dra.kube.podstate.x__foreign_ids__mutmut_14": (
+        'the default of entry.get("name", "") is used only for an entry without a name, '
+        "and then `None in managed` is false (our names are strings), so `want` is never "
+        "read"
+    ),
+    "kubelet_dra.kube.podstate.x__foreign_ids__mutmut_17": (
+        'the default of entry.get("name", "") is used only for an entry without a name, '
+        "and then `None in managed` is false (our names are strings), so `want` is never "
+        "read"
+    ),
+    "kubelet_dra.kube.podstate.x_kubelet_verdict__mutmut_28": (
+        "changed/removed/kept start as None instead of False: they are only tested for truth"
+    ),
+    "kubelet_dra.kube.podstate.xǁPodStatesǁ_due__mutmut_3": (
+        "the text of an assert message on an invariant no caller can break"
+    ),
+    "kubelet_dra.kube.podstate.xǁPodStatesǁ_due__mutmut_4": (
+        "the text of an assert message on an invariant no caller can break"
+    ),
+    "kubelet_dra.kube.podstate.xǁPodStatesǁexpire_records__mutmut_1": (
+        "drops the early return, so a scan runs when nothing is due yet; _next_expiry is "
+        "a lower bound of every record's expiry, so the scan clears nothing (performance "
+        "only)"
+    ),
+    "kubelet_dra.kube.podstate.xǁPodStatesǁexpire_records__mutmut_11": (
+        "< made <= when keeping the earliest expiry: on a tie both keep the same value"
+    ),
+    "kubelet_dra.kube.podstate.xǁPodStatesǁset_record__mutmut_13": (
+        "< made <= when keeping the earliest expiry: on a tie both keep the same value"
+    ),
+    "kubelet_dra.kube.podstate.xǁPodStatesǁset_record__mutmut_24": (
+        "the else branch of the eviction key is unreachable: only states with a record are compared"
+    ),
+    "kubelet_dra.kube.podstate.xǁPodStatesǁset_record__mutmut_26": (
+        "the else branch of the eviction key is unreachable: only states with a record are compared"
+    ),
+    "kubelet_dra.kube.podstate.xǁPodStateǁsent__mutmut_4": (
+        'the value stored is "" instead of None: unconfirmed is an ordered set, only its '
+        "keys are read"
+    ),
 }
 
 KILLED = {1, 3}

@@ -20,7 +20,10 @@ def _short(name: str) -> tuple[str, str]:
     function, number = name.rsplit("__mutmut_", 1)
     label = next(m for m in score.MODULES if function.startswith(score.dotted(m) + "."))
     mangled = function.removeprefix(score.dotted(label) + ".")
-    plain = mangled.removeprefix("x_").replace("xǁ", "").replace("ǁ", ".")
+    # A method is "xǁ<Class>ǁ<method>": only the leading "xǁ" is mutmut's (a class
+    # named "...Index" holds an "xǁ" of its own).
+    plain = mangled.removeprefix("x_") if mangled.startswith("x_") else mangled.removeprefix("xǁ")
+    plain = plain.replace("ǁ", ".")
     return f"{label.replace('/', '.')}.{plain}", number
 
 
