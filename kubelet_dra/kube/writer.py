@@ -114,6 +114,11 @@ class WriterStats:
     field_removals: int = 0  # removals of our field seen, every pod
     postmortem_records: int = 0
     pending: int = 0
+    # Pods taken from the dirty set whose write has not ended yet: ``pending`` drops
+    # when a round takes its pods, before their PATCH lands, so "nothing pending" alone
+    # is no sign that the API holds what was decided (a reader that compares the pods
+    # with another writer, as the conformance suite does, needs both at 0).
+    in_flight: int = 0
 
 
 class StatusWriter:
@@ -288,11 +293,15 @@ class StatusWriter:
     async def _write_due(self) -> None:
         self.stats.rounds += 1
         due = self._pods.take_due(self._clock.now())
+        self.stats.in_flight = len(due)
         self._refresh_stats()
-        if len(due) == 1:
-            await self._guarded_sync(due[0])  # the usual single change: no task to schedule
-        else:
-            await asyncio.gather(*(self._guarded_sync(uid) for uid in due))
+        try:
+            if len(due) == 1:
+                await self._guarded_sync(due[0])  # the usual single change: no task to schedule
+            else:
+                await asyncio.gather(*(self._guarded_sync(uid) for uid in due))
+        finally:
+            self.stats.in_flight = 0
         self._pods.expire_records(self._clock.now())
         self._refresh_stats()
 

@@ -143,3 +143,19 @@ async def test_our_write_applied_with_its_answer_lost_is_never_taken_for_the_kub
         t.report("gpu-0", H.UNHEALTHY, "XID 96")  # the health the same, the message new
         await eventually(lambda: t.messages("p1") == ["XID 96"])
         assert t.writer.stats.kubelet_owned_pods == 0
+
+
+async def test_a_write_on_its_way_is_counted_in_flight_not_pending() -> None:
+    # A reader that waits for "nothing pending" and then reads the pod (the conformance
+    # suite's sidecar side) read it once while the PATCH was still on its way.
+    async with h.running() as t:
+        t.pod_with_gpu("p1", "gpu-0")
+        await eventually(lambda: t.pods.claims_synced)
+        slow = t.server.delay("PATCH", r"/status$", 1.0, times=1)
+        t.report("gpu-0", H.UNHEALTHY, "XID 79")
+        await eventually(lambda: t.writer.stats.in_flight == 1, what="the write on its way")
+        assert t.writer.stats.pending == 0  # taken from the dirty set already
+        assert t.healths("p1") != {f"{h.DRV}/pool/gpu-0": "Unhealthy"}  # not landed yet
+        await eventually(lambda: t.writer.stats.in_flight == 0, timeout=10)
+        assert t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"}
+        t.server.clear_fault(slow)
