@@ -10,7 +10,6 @@ of odd texts, and times in UTC whatever the local time zone.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -279,15 +278,6 @@ def test_sorting_reads_a_missing_name_or_resource_id_as_empty_text() -> None:
 
 
 # -- times --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def far_time_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("TZ", "XYZ-05:45")  # POSIX form of UTC+05:45, no tz database needed
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 @pytest.mark.usefixtures("far_time_zone")

@@ -8,8 +8,6 @@ adoption of rules after a lost state file) that ``test_taints.py`` leaves open.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -130,17 +128,7 @@ def test_rule_body_without_kubelet_id_annotates_message_and_device_only() -> Non
     }
 
 
-@pytest.fixture
-def eastern_time(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The process's local time zone is UTC-5 (a POSIX TZ string: no tzdata needed)."""
-    monkeypatch.setenv("TZ", "EST+05")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
-
-
-@pytest.mark.usefixtures("eastern_time")
+@pytest.mark.usefixtures("far_time_zone")
 def test_time_added_is_utc_whatever_the_local_zone() -> None:
     assert planner.rfc3339(T0) == "2023-11-14T22:13:20Z"
     assert planner.parse_rfc3339(planner.rfc3339(T0)) == T0
