@@ -266,6 +266,11 @@ class CheckpointWatcher:
         self.last_error = ""
         self._apply, self._clock = apply, clock
         self._seen: _Identity | bool | None = False  # False: never looked
+        # A look on its way in run(): check() records the file's identity in its thread
+        # before the loop applies what it read, so the identity alone would say "caught
+        # up" with the claims not yet in the index (a sync point read a pod without its
+        # entries that way, at load).
+        self._looking = False
 
     @property
     def present(self) -> bool:
@@ -274,15 +279,20 @@ class CheckpointWatcher:
 
     @property
     def caught_up(self) -> bool:
-        """Whether the file is as it was at the last look: nothing new to read yet."""
-        return self._identity() == self._seen
+        """Whether the file is as it was at the last look, and what that look read is
+        applied: nothing new to read or to hand on yet."""
+        return not self._looking and self._identity() == self._seen
 
     async def run(self) -> None:
         """Poll until cancelled: the file is looked at in a thread, applied on the loop."""
         while True:
-            found = await asyncio.to_thread(self.check)
-            if found is not None:
-                self.apply(found)
+            self._looking = True
+            try:
+                found = await asyncio.to_thread(self.check)
+                if found is not None:
+                    self.apply(found)
+            finally:
+                self._looking = False
             await self._clock.sleep(self.interval)
 
     def poll(self) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import pathlib
+import threading
 import zlib
 from typing import Any
 
@@ -235,6 +236,42 @@ async def test_watcher_polls_on_the_injected_clock(tmp_path: pathlib.Path) -> No
         await eventually(lambda: watcher.reads == 2)
         assert applied.names[-1] == ["gpu-claim", "nic-claim", "tpu-claim"]
     finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_watcher_is_not_caught_up_while_a_read_waits_to_be_applied(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look records the file's identity in its thread before the loop applies what it
+    read: until then a caller on the loop (a sync point waiting for the sidecar) must not
+    see "caught up" with the claims missing from the index."""
+    fake = clock.FakeClock(0.0)
+    applied = _Applied()
+    watcher = C.CheckpointWatcher(tmp_path, apply=applied, clock=fake, interval=2.0)
+    entered, release = threading.Event(), threading.Event()
+    real_read = C.read
+
+    def slow_read(path: pathlib.Path) -> Any:
+        entered.set()
+        release.wait(10)
+        return real_read(path)
+
+    monkeypatch.setattr(C, "read", slow_read)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await eventually(lambda: watcher.reads == 1 and fake.sleepers == 1)  # missing file
+        assert watcher.caught_up
+        _replace(tmp_path / C.FILE_NAME, _file("1.37"))
+        assert not watcher.caught_up  # a new file
+        fake.advance(2.0)
+        await asyncio.to_thread(entered.wait, 10)
+        assert not watcher.caught_up  # its identity is seen, its claims not yet applied
+        release.set()
+        await eventually(lambda: watcher.reads == 2)
+        assert watcher.caught_up and applied.names[-1] == ["gpu-claim", "nic-claim", "tpu-claim"]
+    finally:
+        release.set()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
