@@ -393,6 +393,10 @@ class Server:
         """Connections accepted that have sent nothing yet (they hold a slot, no thread)."""
         return self._httpd.room.waiting() if self._httpd is not None else 0
 
+    def serving(self) -> int:
+        """Connections of this server that hold a handler thread now (read from any thread)."""
+        return self._httpd.serving() if self._httpd is not None else 0
+
     def stalled(self) -> bool:
         return time.monotonic() - self.heartbeat > self.stall_after
 
@@ -438,6 +442,10 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
     ) -> None:
         self.owner = server
         self._slots = threading.BoundedSemaphore(server.max_connections)
+        # Counted per server, not from thread names: another server in the process (the
+        # API stand-in of a test, a second metrics port) runs threads of the same name.
+        self._serving_lock = threading.Lock()
+        self._serving = 0
         # Made before the bind: a port already taken makes socketserver call server_close
         # from its __init__, which closes the room (never started) with the socket.
         self.room = waitroom.WaitingRoom(
@@ -457,10 +465,20 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
             return
         self.room.add(request, client_address)
 
+    def serving(self) -> int:
+        with self._serving_lock:
+            return self._serving
+
+    def _count_serving(self, delta: int) -> None:
+        with self._serving_lock:
+            self._serving += delta
+
     def _serve(self, request: Any, client_address: Any) -> None:
+        self._count_serving(+1)
         try:
             super().process_request(request, client_address)
         except Exception:  # no thread to be had: this connection goes, the port stays
+            self._count_serving(-1)
             self.handle_error(request, client_address)
             self._close(request, client_address)
 
@@ -480,6 +498,7 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._count_serving(-1)
             self._slots.release()
 
     def server_close(self) -> None:

@@ -50,10 +50,6 @@ def _refused(server: metrics.Server, reason: str) -> float:
     raise AssertionError(f"no kubelet_dra_metrics_server_refused_total{{reason={reason!r}}}")
 
 
-def _handler_threads() -> int:
-    return sum("process_request_thread" in t.name for t in threading.enumerate())
-
-
 def _healthz_ok(server: metrics.Server) -> bool:
     """200 from /healthz; a connection still refused (no slot free yet) is "not yet"."""
     try:
@@ -78,9 +74,9 @@ def test_a_thousand_idle_connections_are_let_go_and_the_port_keeps_answering(
         # All of them accepted, they wait on the one waiting-room thread, none on its own:
         # a scrape behind them is not queued behind a thousand thread starts.
         eventually_sync(lambda: server.waiting() == 1000, timeout=10)
-        # (a handler thread of the test before may still be ending: wait for it, not for ours)
-        eventually_sync(lambda: _handler_threads() == 0, timeout=10)
-        assert server.waiting() == 1000
+        # This server's own count: threads of other servers in the process (an API
+        # stand-in's watch left by an earlier test) have the same name and are not ours.
+        assert server.serving() == 0
         assert get(f"http://{server.address}/healthz")[0] == 200
         assert get(f"http://{server.address}/metrics")[0] == 200
         # Each is closed by the server once its idle timeout passes without a byte.
