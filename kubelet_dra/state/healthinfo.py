@@ -149,10 +149,11 @@ class HealthCache:
         # expired records wait, Unknown, for the driver's next report; any
         # other record is deleted when its lease runs out.
         self._streaming: set[tuple[str, str]] = set()
-        # Per device, the receive time of the record last handed to the sink
-        # (what a restart would load): a renewal is persisted only when that
-        # record is within PERSIST_FRACTION of its lease from running out.
-        self._persisted: dict[StagedKey, float] = {}
+        # Per driver and device, the receive time of the record last handed to
+        # the sink (what a restart would load): a renewal is persisted only when
+        # that record is within PERSIST_FRACTION of its lease from running out.
+        # Keyed as _drivers is, so a renewal looks it up with the report's key.
+        self._persisted: dict[str, dict[Key, float]] = {}
         self.refused: collections.Counter[str] = collections.Counter()
         """Driver -> new devices refused because the driver was at the cap."""
 
@@ -251,26 +252,27 @@ class HealthCache:
     ) -> int:
         """Store each reported device; return how many new ones the cap refused."""
         # The hot path of the pipeline (every device of every report), measured
-        # to matter at 10^5 devices a second: the report arrives
-        # keyed as `devices` is, records are built with tuple.__new__ (a named
-        # tuple's own __new__ is a Python call), old records are unpacked
-        # once, and the staged and scheduled keys are plain (driver, pool,
-        # device) tuples: a DeviceKey (also a Python-level __new__) is built
-        # only for a device that changed or needs a heap entry.
+        # to matter at 10^5 devices a second: the report arrives keyed as `devices`
+        # is, records are built with tuple.__new__ (a named tuple's own __new__ is
+        # a Python call), old records are unpacked once, and a plain renewal (the
+        # common case: a driver resending what it said) builds no key at all: the
+        # persist note is kept per driver under the same key, the heap lookup is
+        # skipped while the deadline does not move earlier, and the (driver, pool,
+        # device) tuple is made only for a device staged, changed or scheduled.
         staged: list[tuple[StagedKey, models.DeviceHealth]] = []
         stage = staged.append
         default, record_of, key_of = self.default_lease, models.DeviceHealth, models.DeviceKey
         new_record = tuple.__new__
-        scheduled, schedule = self._scheduled, self._schedule
+        schedule = self._schedule
         # Without a sink nothing is persisted, so nothing counts as persisted.
-        persisted: dict[StagedKey, float] = self._persisted if self._sink is not None else {}
+        sink = self._sink
+        persisted = self._persisted.setdefault(driver, {}) if sink is not None else {}
         renew_after = 1.0 - PERSIST_FRACTION
         unknown = models.HealthStatus.UNKNOWN
         refused = 0
         for key, (health, message, timeout, driver_time) in items:
             old = devices.get(key)
             lease = float(timeout) if timeout > 0 else default
-            staged_key = (driver, *key)
             if old is None:
                 # The cap counts every record held, overdue ones included: the
                 # kubelet deletes those only after storing the report.
@@ -278,6 +280,7 @@ class HealthCache:
                     refused += 1
                     continue
                 visible = persist = True
+                moved = True
             else:
                 old_health, old_message, old_lease, old_report, _, old_endpoint = old
                 if old_lease != lease:
@@ -293,22 +296,27 @@ class HealthCache:
                     or health != old_health
                     or message != old_message
                     or endpoint != old_endpoint
-                    or now - persisted.get(staged_key, _NEVER) >= renew_after * lease
+                    or now - persisted.get(key, _NEVER) >= renew_after * lease
                 )
+                # A record not past its deadline holds a heap entry no later than
+                # that deadline (expire() and _due drop an entry only once its
+                # record's deadline passed): while the deadline does not move
+                # earlier, the renewal needs no lookup and no entry (see _schedule).
+                moved = not now <= old_report + old_lease <= now + lease
             new = new_record(record_of, (health, message, lease, now, driver_time, endpoint))
             devices[key] = new
-            # A renewal to a later deadline needs no heap entry now (see _schedule).
-            deadline = scheduled.get(staged_key)
-            if deadline is None or now + lease < deadline:
-                schedule(key_of(driver, *key), now + lease)
+            if not (moved or visible or persist):
+                continue
+            staged_key = (driver, *key)
+            if moved:  # new, revived or shortened: rare, so the call is affordable here
+                schedule(new_record(key_of, staged_key), now + lease)
             if visible:
-                changed[key_of(driver, *key)] = None
+                changed[new_record(key_of, staged_key)] = None
             if persist:
                 stage((staged_key, new))
-        if self._sink is not None and staged:
-            self._sink.stage_many(staged)
-            for staged_key, _ in staged:
-                persisted[staged_key] = now
+                persisted[key] = now
+        if sink is not None and staged:
+            sink.stage_many(staged)
         return refused
 
     def _delete_overdue(self, driver: str, reported: Container[Key], now: float) -> None:
@@ -324,7 +332,7 @@ class HealthCache:
             if key[1:] in reported or record is None or not record.expired(now):
                 continue  # renewed since: scheduled again
             del devices[key[1:]]
-            self._persisted.pop(key, None)
+            self._forget(key)
             gone.append(key)
         if gone and self._sink is not None:
             self._sink.stage_delete(gone)
@@ -419,8 +427,9 @@ class HealthCache:
         drivers, scheduled, heap = self._drivers, self._scheduled, self._heap
         persisted = self._persisted
         for key, record in records:
-            drivers.setdefault(key.driver, {})[(key.pool, key.device)] = record
-            persisted[key] = record.last_report  # as read back: on disk
+            device = (key.pool, key.device)
+            drivers.setdefault(key.driver, {})[device] = record
+            persisted.setdefault(key.driver, {})[device] = record.last_report  # on disk
             # Unknown records too: once their lease ran out they are overdue.
             # As _schedule, with one heapify at the end instead of a push each.
             deadline = record.last_report + record.lease
@@ -454,7 +463,7 @@ class HealthCache:
             key = models.DeviceKey(driver, pool, device)
             del devices[pool, device]
             self._overdue.get(driver, set()).discard(key)
-            self._persisted.pop(key, None)
+            self._forget(key)
             gone.append(key)
             if (record.health, record.message) != _UNKNOWN_VIEW:
                 changed.append(key)
@@ -478,7 +487,7 @@ class HealthCache:
             return
         devices = self._drivers[key.driver]
         del devices[key[1:]]
-        self._persisted.pop(key, None)  # else every device ever seen stays noted
+        self._forget(key)  # else every device ever seen stays noted
         if not devices:
             del self._drivers[key.driver]
         if self._sink is not None:
@@ -489,7 +498,15 @@ class HealthCache:
         if self._sink is not None:
             key = models.DeviceKey(driver, pool, device)
             self._sink.stage(key, record)
-            self._persisted[key] = record.last_report
+            self._persisted.setdefault(driver, {})[(pool, device)] = record.last_report
+
+    def _forget(self, key: models.DeviceKey) -> None:
+        """Drop a deleted device's persist note (and its driver's, once empty)."""
+        notes = self._persisted.get(key.driver)
+        if notes is not None:
+            notes.pop(key[1:], None)
+            if not notes:
+                del self._persisted[key.driver]
 
 
 class _Predicate(Protocol):

@@ -248,10 +248,10 @@ def test_a_deleted_devices_persist_note_goes_with_it(
     cache.update(DRV, [rep("a", timeout=2), rep("b", timeout=2)], now=0.0, endpoint="/e")
     cache.expire(3.0)  # both overdue: the endpoint still streams, so they stay, Unknown
     cache.update(DRV, [rep("b")], now=4.0, endpoint="/e")  # "a" missing: deleted now
-    assert set(cache._persisted) == {models.DeviceKey(DRV, "pool", "b")}
+    assert cache._persisted == {DRV: {("pool", "b"): 4.0}}
     cache.update("other", [rep("c", timeout=2)], now=4.0, endpoint="/o")
     cache.end_endpoint("other", "/o", now=5.0)
     cache.expire(7.0)  # its stream ended: deleted at the deadline
-    assert models.DeviceKey("other", "pool", "c") not in cache._persisted
+    assert "other" not in cache._persisted  # the driver's notes go with its last device
     deleted = [key for key, record in sink.take() if record is None]
     assert deleted == [(DRV, "pool", "a"), ("other", "pool", "c")]  # and from the store
