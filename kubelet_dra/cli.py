@@ -99,6 +99,11 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "KUBELET_DRA_WRITE_CONCURRENCY",
         "pod status writes in flight at once (default 8)",
     ),
+    "--malloc-trim-interval": (
+        "malloc_trim_interval",
+        "KUBELET_DRA_MALLOC_TRIM_INTERVAL",
+        "seconds between glibc malloc_trim calls giving freed heap back (default 60; 0 = never)",
+    ),
     # The taint bridge (docs/remediation.md).
     "--taint-effect": (
         "taint_effect",

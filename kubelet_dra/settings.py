@@ -71,6 +71,8 @@ class Settings(pydantic_settings.BaseSettings):
     pod_condition_type: str = "DeviceHealthy"
     metrics_address: str = "127.0.0.1:9464"
     role: Role = Role.OBSERVER
+    # glibc malloc_trim every this many seconds in `run` (memtrim); 0 = never.
+    malloc_trim_interval: float = pydantic.Field(default=60.0, ge=0)
 
     # Registration (kubelet pluginmanager: GetInfo 1 s, reconcile every 1 s).
     get_info_timeout: float = pydantic.Field(default=1.0, gt=0)

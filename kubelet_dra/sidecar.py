@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kubelet_dra import clock, kube, metrics
+from kubelet_dra import clock, kube, memtrim, metrics
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.manager import DRAHealthManager
 
@@ -28,6 +28,11 @@ class Sidecar:
         self.manager = DRAHealthManager(observer, api_client=api_client)
         self.server: metrics.Server | None = None
         self._beat: asyncio.Task[None] | None = None
+        # The soak's RSS steps were freed heap kept by glibc (memtrim's docstring).
+        self.trimmer = memtrim.Trimmer(
+            self.manager.settings.malloc_trim_interval, clock=self.manager.clock
+        )
+        self._trim: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Sidecar:
         logger.debug("settings: %s", self.manager.settings.model_dump(mode="json"))
@@ -41,12 +46,14 @@ class Sidecar:
             await self._stop_metrics()
             await self.manager.close()
             raise
+        self._trim = asyncio.create_task(self.trimmer.run(), name="malloc-trim")
         return self
 
     def _start_metrics(self, address: str) -> None:
         collected = metrics.Metrics(self.manager.metric_state)
         self.manager.store_commit_latency = collected.store_commit_latency.observe
         self.manager.write_latency = collected.write_latency.observe
+        collected.registry.register(self.trimmer.collector())
         self.server = metrics.Server(
             address,
             loop=asyncio.get_running_loop(),
@@ -67,5 +74,7 @@ class Sidecar:
             self.server = None
 
     async def __aexit__(self, *exc: object) -> None:
+        trim, self._trim = self._trim, None
+        await clock.cancel_and_wait(trim)
         await self._stop_metrics()
         await self.manager.close()

@@ -77,6 +77,7 @@ CASES = [
     ("--api-qps", "20", "5.5", "api_qps", 20.0, 5.5),
     ("--api-burst", "40", "10", "api_burst", 40, 10),
     ("--write-concurrency", "4", "2", "write_concurrency", 4, 2),
+    ("--malloc-trim-interval", "0", "300", "malloc_trim_interval", 0.0, 300.0),
     # The taint bridge (issue 13).
     (
         "--taint-effect",
@@ -106,6 +107,7 @@ DEFAULTS = {
     "api_qps": 50.0,
     "api_burst": 100,
     "write_concurrency": 8,
+    "malloc_trim_interval": 60.0,
     "taint_effect": settings.TaintEffect.OFF,
     "taint_after": 10.0,
     "taint_unknown_after": None,
