@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import metrics
+from kubelet_dra import clock, memtrim, metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -26,7 +26,11 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("", "_bucket", "_count", "_su
 
 def exposed() -> frozenset[str]:
     state = metrics.State(taint_bridge="active")
-    families = [*metrics.Metrics(lambda: state).registry.collect(), *_server_families()]
+    families = [
+        *metrics.Metrics(lambda: state).registry.collect(),
+        *_server_families(),
+        *_trimmer_families(),
+    ]
     return frozenset(f.name + suffix for f in families for suffix in _SUFFIXES.get(f.type, ("",)))
 
 
@@ -34,6 +38,12 @@ def _server_families() -> list[Any]:
     """The metrics server's own counters (registered when it serves)."""
     server = types.SimpleNamespace(_refused_lock=threading.Lock(), refused={})
     return list(metrics._ServerCollector(server).collect())  # type: ignore[arg-type]
+
+
+def _trimmer_families() -> list[Any]:
+    """The malloc_trim counters (the sidecar registers them beside the manager's)."""
+    trimmer = memtrim.Trimmer(60, clock=clock.FakeClock(), trim=lambda: 1)
+    return list(trimmer.collector().collect())
 
 
 def mentioned(text: str) -> set[str]:

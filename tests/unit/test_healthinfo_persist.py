@@ -255,3 +255,25 @@ def test_a_deleted_devices_persist_note_goes_with_it(
     assert "other" not in cache._persisted  # the driver's notes go with its last device
     deleted = [key for key, record in sink.take() if record is None]
     assert deleted == [(DRV, "pool", "a"), ("other", "pool", "c")]  # and from the store
+
+
+def test_devices_reported_before_the_store_was_attached_expire_and_go_cleanly(
+    sink: Sink,
+) -> None:
+    # The manager builds the cache before its state file is open and attaches the file
+    # later (HealthCache.attach), so the first reports leave no persist note behind.
+    cache = healthinfo.HealthCache()
+    cache.update(DRV, [rep("c", timeout=100), rep("a", timeout=2)], now=0.0, endpoint="/e")
+    cache.attach(sink)
+    cache.expire(3.0)  # "a" ran out; its endpoint streams, so it stays, Unknown, persisted
+    assert [(key, record.health) for key, record in sink.take() if record] == [
+        ((DRV, "pool", "a"), H.UNKNOWN)
+    ]
+    assert cache._persisted == {DRV: {("pool", "a"): 0.0}}
+    # "c" has no note (reported before the store came); deleting it must not trip on that.
+    assert cache.clear_driver(DRV) == [models.DeviceKey(DRV, "pool", "c")]
+    assert cache._persisted == {}
+    assert sorted(key for key, record in sink.take() if record is None) == [
+        (DRV, "pool", "a"),
+        (DRV, "pool", "c"),
+    ]
