@@ -197,6 +197,33 @@ def compare_predicted(
 # -- the twin's cache as its checkpoint reads ----------------------------------
 
 
+#: Why a registration was refused, read off the error text: (rule, words that name it).
+#: The kubelet's texts (``dra_plugin_manager.go``: ``validateDriverName``,
+#: ``validateEndpoint``, ``RegisterPlugin``, the version negotiation) and ours
+#: (``plugin/validation.py``, ``plugin/getinfo.py``, the suite's duplicate check) share
+#: these words; the first rule whose words all appear names the refusal.
+REFUSAL_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("driver name", ("driver name",)),
+    ("endpoint empty", ("empty dra plugin endpoint",)),
+    ("endpoint not absolute", ("endpoint", "absolute path")),
+    ("endpoint too long", ("endpoint", "longer than")),
+    ("endpoint not plain", ("endpoint", "plain path")),
+    ("endpoint already registered", ("already registered",)),
+    ("no supported version", ("supported",)),
+)
+
+
+def refusal_rule(text: str) -> str:
+    """The rule a registration refusal names, or ``other: <text>`` (never equal to the
+    other side's unless the texts are): both sides refusing is the same only for one
+    reason."""
+    lowered = text.lower()
+    for rule, words in REFUSAL_RULES:
+        if all(word in lowered for word in words):
+            return rule
+    return f"other: {text}"
+
+
 def go_time(text: str) -> float:
     try:
         return datetime.datetime.fromisoformat(text).timestamp()

@@ -419,14 +419,15 @@ class Run:
         refused: bool,
     ) -> None:
         """The outcome on each side against each other and against the scenario's: both
-        refusing is the same only where the scenario says the registration is refused."""
+        refusing is the same only where the scenario says the registration is refused,
+        and then only for the same reason (the rule each error text names)."""
         twin_out = "accepted" if twin.get("ok") else "refused"
         ours_out = "accepted" if ours is None else "refused"
         subject = f"register {driver} at {endpoint}"
         self.tally.compare("registration", self.at, subject, "outcome")
         expected = "refused" if refused else "accepted"
+        detail = f"ours: {ours or 'accepted'}; twin: {twin.get('error') or 'accepted'}"
         if twin_out != ours_out or ours_out != expected:
-            detail = f"ours: {ours or 'accepted'}; twin: {twin.get('error') or 'accepted'}"
             if twin_out == ours_out:
                 detail += f"; the scenario says {expected}"
             self.observed.append(
@@ -434,6 +435,17 @@ class Run:
                     "registration", self.at, subject, ours_out, twin_out, "outcome", detail
                 )
             )
+            return
+        if ours is not None:
+            self.tally.compare("registration", self.at, subject, "reason")
+            mine = _compare.refusal_rule(ours)
+            theirs = _compare.refusal_rule(str(twin.get("error") or ""))
+            if mine != theirs:
+                self.observed.append(
+                    _compare.Observed(
+                        "registration", self.at, subject, mine, theirs, "reason", detail
+                    )
+                )
 
     async def _deregister(self, driver: str, endpoint: str) -> None:
         socket = self.registered.pop((driver, endpoint), None)

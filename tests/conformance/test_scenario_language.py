@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import types
 
 import pydantic
 import pytest
@@ -459,3 +460,56 @@ def test_every_generated_driver_past_the_cap_ends_its_stream_within_three_episod
         assert ends and ends[-1] in big, seed
         assert reports + len(ends) <= _generate.BIG_EPISODES + 1, seed
     assert seen == [7, 47, 87, 127, 167]  # the seeds with a driver past the cap
+
+
+def _refusal(name: str, endpoint: str) -> str:
+    """Our side's refusal text for a registration, from the real validation."""
+    from kubelet_dra import errors
+    from kubelet_dra.plugin import getinfo
+
+    try:
+        getinfo.make_plugin_info(name, endpoint, ["v1.DRAPlugin"])
+    except errors.RegistrationError as exc:
+        return str(exc)
+    raise AssertionError(f"{name} at {endpoint} was accepted")
+
+
+def test_a_refusal_on_both_sides_is_the_same_only_for_the_same_rule() -> None:
+    # The kubelet's texts as its validation (v1.38) words them; ours from our validation.
+    kubelet = {
+        "driver name": "invalid DRA driver name: [a lowercase RFC 1123 subdomain must ...]",
+        "endpoint not absolute": 'DRA plugin endpoint "x/dra.sock" must be an absolute path',
+        "endpoint too long": 'DRA plugin endpoint "/a..." must not be longer than 108 bytes',
+        "endpoint not plain": 'DRA plugin endpoint "/r/%2e%2e/d.sock" must be a plain path',
+        "endpoint already registered": "endpoint /r/d.sock already registered for DRA driver "
+        "plugin gpu.example.com",
+    }
+    ours = {
+        "driver name": _refusal("gpu_example.com", "/r/d.sock"),
+        "endpoint not absolute": _refusal("gpu.example.com", "x/dra.sock"),
+        "endpoint too long": _refusal("gpu.example.com", "/" + "a" * 120),
+        "endpoint not plain": _refusal("gpu.example.com", "/r/%2e%2e/d.sock"),
+    }
+    for rule, text in kubelet.items():
+        assert _compare.refusal_rule(text) == rule
+    for rule, text in ours.items():
+        assert _compare.refusal_rule(text) == rule, text
+    assert _compare.refusal_rule("connection refused").startswith("other: ")
+
+    def compare(our_text: str | None, twin_error: str | None, refused: bool) -> list[str]:
+        run = types.SimpleNamespace(tally=_compare.Tally([]), observed=[], at="step 0 (register)")
+        twin = {"ok": twin_error is None, **({"error": twin_error} if twin_error else {})}
+        _runner.Run._compare_registration(
+            run,  # type: ignore[arg-type]  # the three attributes it reads
+            "d", "/e", twin, our_text, refused=refused,
+        )  # fmt: skip
+        return [f"{o.field}: {o.ours} / {o.twin}" for o in run.observed]
+
+    assert compare(ours["endpoint not plain"], kubelet["endpoint not plain"], True) == []
+    assert compare(ours["driver name"], kubelet["endpoint not plain"], True) == [
+        "reason: driver name / endpoint not plain"
+    ]
+    assert compare(ours["driver name"], kubelet["driver name"], False) == [
+        "outcome: refused / refused"
+    ]
+    assert compare(None, None, False) == []
