@@ -59,7 +59,7 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "x__value_text",
         "x__parameters",
         "xǁHealthStoreǁ_load_chunks",
-        "xǁHealthStoreǁ_validate_rows",
+        "xǁHealthStoreǁ_load_rows",
     ),
 }
 
