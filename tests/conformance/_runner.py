@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from kubelet_dra import cli
+from kubelet_dra.state import kubeletcheckpoint
+from kubelet_dra.status import claims as claims_mod
 from tests.conformance import _compare, _drivers, _godriver, _objects, _ours, _sidecar, _twinlike
 from tests.conformance import _scenario as sc
 
@@ -50,6 +52,9 @@ ATTEMPTS = 3
 """Runs of a scenario whose timing a slow machine could not keep (never one that
 showed a difference)."""
 STATE_FILE = "dra_health_state"
+#: The lines whose ``dra_manager_state`` our reader parses (the sidecar's lines): there a
+#: prepare on both sides is compared by the devices each recorded, not only its outcome.
+PREPARED_LINES = _sidecar.LINES
 STREAM_DEADLINE = 10.0
 """Longest wait for one side's health stream after it registered (a loaded machine)."""
 
@@ -621,6 +626,8 @@ class Run:
                 f"twin: {twin_error or 'prepared'}; ours: {ours or 'prepared'}"
             )
         self._compare_prepare(name, ours, twin_error, fails=fails)
+        if not ours and not twin_error and self.line in PREPARED_LINES:
+            self._compare_prepared_devices(name)
         if self.sidecar is not None and not twin_error:
             self.sidecar.started(pod)
 
@@ -655,6 +662,27 @@ class Run:
                     _compare.Observed(
                         "prepare", self.at, subject, mine, theirs, "claims named", detail
                     )
+                )
+
+    def _compare_prepared_devices(self, name: str) -> None:
+        """Both prepared: each of the pod's claims holds the same devices on both sides
+        (driver, pool, device, requests, CDI IDs), ours as our node agent keeps them and the
+        twin's as its ``dra_manager_state`` records them."""
+        pod = self.pods[name]
+        namespace = str(pod["metadata"]["namespace"])
+        found = kubeletcheckpoint.read(self.dir / "twin" / kubeletcheckpoint.FILE_NAME)
+        if found is None:
+            raise RuntimeError(f"the twin prepared pod {name} and wrote no checkpoint")
+        twin_claims = {(c.namespace, c.name): c.devices for c in found}
+        for ref in self.scenario.pod(name).claims:
+            key = (namespace, ref.claim)
+            subject = f"pod {name} claim {ref.claim}"
+            self.tally.compare("prepare", self.at, subject, "devices")
+            mine = _prepared(self.ours.claim_devices.get(key, ()))
+            theirs = _prepared(twin_claims.get(key, ()))
+            if mine != theirs:
+                self.observed.append(
+                    _compare.Observed("prepare", self.at, subject, mine, theirs, "devices")
                 )
 
     async def _do_unprepare(self, args: sc.PodRef) -> None:
@@ -1012,3 +1040,10 @@ async def run_all(
         return results
     finally:
         quiet.setLevel(level)  # later tests in this process read our logs
+
+
+def _prepared(devices: Sequence[claims_mod.PreparedDevice]) -> list[list[Any]]:
+    """A claim's prepared devices as comparable, order-free rows."""
+    return sorted(
+        [d.driver, d.pool, d.device, sorted(d.request_names), list(d.cdi_ids)] for d in devices
+    )
