@@ -92,7 +92,10 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
     blips = checks.blips(soak.world, soak.proxy.writes, soak.t0)
     refused = [dataclasses.asdict(r) for r in soak.proxy.refused]
     fitted = slopes(soak)
-    resources = {name: _resource(fitted[name], getattr(bounds, name)) for name in SERIES}
+    resources = {
+        name: _resource(fitted[name], getattr(bounds, name), upper_only=name in UPPER_ONLY)
+        for name in SERIES
+    }
     resources["wal_bytes"] = _capped(soak.samples, "wal_bytes", WAL_CAP)
     lags = sorted(soak.conv.lags)
     phantom = _phantom_kubelet(soak.samples)
@@ -155,11 +158,21 @@ def _capped(samples: list[dict[str, Any]], name: str, cap: int) -> dict[str, Any
     return {"max": peak, "cap": cap, "ok": peak is not None and peak <= cap}
 
 
-def _resource(slope: float | None, bound: float) -> dict[str, Any]:
+#: Series whose bound is an upper one only. RSS falls when glibc gives freed heap back
+#: (the sidecar's ``malloc_trim``, ``kubelet_dra/memtrim.py``): memory returned is no
+#: leak, and the issue's bound is "below 2 MB an hour". The CI's 3 minutes failed on it
+#: (-387 MB/h: a trim inside the last life's few fitted seconds) while the check was
+#: two-sided. The counts (fds, tasks, threads) and the state file stay two-sided.
+UPPER_ONLY = frozenset({"rss_mb"})
+
+
+def _resource(slope: float | None, bound: float, *, upper_only: bool = False) -> dict[str, Any]:
+    within = slope is not None and (slope <= bound if upper_only else abs(slope) <= bound)
     return {
         "slope_per_hour": None if slope is None else round(slope, 3),
         "bound_per_hour": bound,
-        "ok": slope is not None and abs(slope) <= bound,
+        "upper_only": upper_only,
+        "ok": within,
     }
 
 
@@ -194,7 +207,9 @@ def table(summary: dict[str, Any]) -> str:
     def slope(name: str, unit: str) -> str:
         r = res[name]
         value = "n/a" if r["slope_per_hour"] is None else f"{r['slope_per_hour']:+.2f}"
-        return f"{value} {unit}/h (bound ±{r['bound_per_hour']:g}) {'ok' if r['ok'] else 'FAIL'}"
+        sign = "+" if r.get("upper_only") else "±"
+        bound = f"bound {sign}{r['bound_per_hour']:g}"
+        return f"{value} {unit}/h ({bound}) {'ok' if r['ok'] else 'FAIL'}"
 
     def span(name: str, fmt: str = "{:g}") -> str:
         p = peaks.get(name)

@@ -155,3 +155,13 @@ def test_a_sample_in_which_the_sidecar_sees_a_kubelet_is_a_failure() -> None:
     found = report._phantom_kubelet(rows)
     assert [r["t"] for r in found] == [3.0, 4.0]
     assert report._phantom_kubelet(rows[:2]) == []
+
+
+def test_rss_given_back_passes_and_rss_that_grows_or_counts_that_fall_fail() -> None:
+    # malloc_trim hands freed heap back: a falling RSS is no leak (the CI's 3-minute run
+    # read -387 MB/h on a trim and failed while the bound was two-sided).
+    assert report._resource(-387.0, 60.0, upper_only=True)["ok"]
+    assert not report._resource(61.0, 60.0, upper_only=True)["ok"]
+    assert not report._resource(None, 60.0, upper_only=True)["ok"]
+    assert not report._resource(-11.0, 10.0)["ok"]  # fds, tasks, threads: both ways
+    assert {"rss_mb"} == report.UPPER_ONLY
