@@ -151,6 +151,10 @@ async def test_a_write_on_its_way_is_counted_in_flight_not_pending() -> None:
     async with h.running() as t:
         t.pod_with_gpu("p1", "gpu-0")
         await eventually(lambda: t.pods.claims_synced)
+        # The pod's first write (its device not reported yet: Unknown) lands first:
+        # delayed instead, it was the write "on its way", and in_flight read 0 in the
+        # gap before the report's write began (seen once in CI under load).
+        await h.settled(t)
         slow = t.server.delay("PATCH", r"/status$", 1.0, times=1)
         t.report("gpu-0", H.UNHEALTHY, "XID 79")
         await eventually(lambda: t.writer.stats.in_flight == 1, what="the write on its way")
