@@ -29,6 +29,7 @@ import logging
 import os
 import pathlib
 import random
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -146,9 +147,14 @@ async def test_watch_410_gone_relists_and_every_pod_ends_exact(
                 lambda: world.converged(api), what="convergence after 410s", timeout=30
             )
         # Every round saw the pod cache's "expired; listing again", and each
-        # 410 is one relist (plus at most one per watch failure), no more.
-        print(f"\n410: {expired} resumes met 410 Expired, {_lists(api)} relists")
-        assert _lists(api) <= 2 * expired, (_lists(api), expired)
+        # 410 is one relist, plus one per watch that failed (logged), no more: a
+        # watch that ends is resumed, not listed again. (The bound was twice the
+        # 410s until 2026-12-04, which a build relisting at every watch end passed:
+        # 5 relists for 3 410s.)
+        failed = _failed_watches(caplog)
+        print(f"\n410: {expired} resumes met 410 Expired, {failed} watches failed, "
+              f"{_lists(api)} relists")  # fmt: skip
+        assert _lists(api) <= expired + failed, (_lists(api), expired, failed)
         await _report("410", api, world, peak)
 
 
@@ -276,6 +282,10 @@ class _Peak:
 
 def _expired(caplog: pytest.LogCaptureFixture) -> int:
     return caplog.text.count("expired; listing again")
+
+
+def _failed_watches(caplog: pytest.LogCaptureFixture) -> int:
+    return len(re.findall(r"Pod watch on node \S+ failed", caplog.text))
 
 
 def _lists(api: FakeApiServer) -> int:
