@@ -96,9 +96,13 @@ EQUIVALENT: dict[str, str] = {
     "kubelet_dra.state.store.x__value_text__mutmut_24": (
         "ensure_ascii=False to None: json.dumps only tests its truth, and None is false"
     ),
-    "kubelet_dra.state.store.xǁHealthStoreǁ_load_chunks__mutmut_18": (
-        "`row[0] or ''` to `or 'XXXX'`: row[0] is NULL only for a chunk whose values are "
-        "all NULL; both texts fail validation alike, and load() reads row by row"
+    "kubelet_dra.state.store.xǁHealthStoreǁ_load_chunks__mutmut_24": (
+        "`row[0] or b''` to `or b'XXXX'`: unreachable, row[0] is NULL only for a chunk "
+        "whose values are all NULL, and then the count of JSON values (json_valid(NULL) is "
+        "0) is not the row count, so the check before raises"
+    ),
+    "kubelet_dra.state.store.xǁHealthStoreǁ_load_chunks__mutmut_26": (
+        "`len(stored) != row[2]` to `!= row[3]`: the check before raised unless row[3] == row[2]"
     ),
     **dict.fromkeys(
         (f"kubelet_dra.state.healthinfo.xǁHealthCacheǁload__mutmut_{n}" for n in (11, 12, 15)),
@@ -163,7 +167,7 @@ EQUIVALENT: dict[str, str] = {
     **dict.fromkeys(
         (
             f"kubelet_dra.state.store.xǁHealthStoreǁ_load_chunks__mutmut_{n}"
-            for n in (21, 22, 23, 24)
+            for n in (16, 17, 18, 19, 27, 28, 29, 30)
         ),
         "the text of a ValueError that load() catches (it then reads row by row): "
         "it is never logged or shown",
