@@ -329,9 +329,14 @@ class Soak:
             # writing), so the sidecar crashes and comes back on a read-only disk.
             self.sidecar.signal(signal.SIGKILL)
             self.disk.readonly(True)
-            self._restart_sidecar()
-            time.sleep(seconds)
-            self.disk.readonly(False)
+            try:
+                self._restart_sidecar()
+                time.sleep(seconds)
+            finally:
+                # Whatever the restart did: a disk left read-only turned every later
+                # disk fault into a harness error (a niced hour beside a CI run, whose
+                # sidecar took over 60 s to start: 2026-12-04).
+                self.disk.readonly(False)
         else:
             raise ValueError(kind)
 
