@@ -1,13 +1,14 @@
 """Give freed heap memory back to the OS now and then (glibc ``malloc_trim``).
 
 No kubelet file mirrors this: Go's runtime returns idle heap spans to the OS itself
-(the scavenger). CPython on glibc does not. A relist, a burst of reports or a new gRPC
-channel allocates a few megabytes of short-lived C and Python buffers; once freed they
-stay in glibc's heap, fragmented between live blocks, and the RSS keeps the high-water
-mark of every burst. The soak's hour showed exactly that (steps of 0.6-1.8 MB at driver
-restarts and relists, flat between them, with the traced Python memory flat: see
-``docs/reliability.md``). ``malloc_trim(0)`` hands every whole free page inside the heap
-back (``madvise(MADV_DONTNEED)``), so a burst's pages return once it is over.
+(the scavenger). CPython on glibc does not: a relist, a burst of reports or a new gRPC
+channel allocates short-lived C and Python buffers, and once freed their pages may stay
+in glibc's heap, fragmented between live blocks. ``malloc_trim(0)`` hands every whole
+free page inside the heap back (``madvise(MADV_DONTNEED)``). It was written for the
+soak's RSS steps (0.6-1.8 MB at driver restarts and relists, flat between them, with the
+traced Python memory flat); the hour re-run with it (``docs/reliability.md``, 2026-12-04)
+still showed them, so those steps are not free heap, and this stays as a cheap bound on
+what is.
 
 :class:`Trimmer` calls it every ``interval`` seconds on a worker thread (it takes glibc's
 arena locks for a few milliseconds; the event loop keeps turning) and counts the calls
