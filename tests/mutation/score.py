@@ -105,7 +105,7 @@ EQUIVALENT: dict[str, str] = {
         "`len(stored) != row[2]` to `!= row[3]`: the check before raised unless row[3] == row[2]"
     ),
     **dict.fromkeys(
-        (f"kubelet_dra.state.healthinfo.xǁHealthCacheǁload__mutmut_{n}" for n in (11, 12, 15)),
+        (f"kubelet_dra.state.healthinfo.xǁHealthCacheǁload__mutmut_{n}" for n in (16, 17, 20)),
         "the check for a key already scheduled (dropped, or `<` made `<=`): the store yields "
         "each key once and load() runs once, on an empty cache; loaded twice, the heap keeps "
         "either the exact deadline or an earlier one, both what next_deadline() promises",
@@ -115,10 +115,6 @@ EQUIVALENT: dict[str, str] = {
         "a deleted device left in its driver's overdue set: the set is consumed whole at "
         "the driver's next report, where the device is absent or re-created by that very "
         "report, which carries it, so it is skipped either way",
-    ),
-    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_delete_where__mutmut_24": (
-        "a deleted device's persist time kept: memory only; reported again it is new, "
-        "persisted at once, and the entry overwritten"
     ),
     **dict.fromkeys(
         (f"kubelet_dra.state.healthinfo.xǁHealthCacheǁ_set__mutmut_{n}" for n in (3, 5)),
@@ -130,27 +126,29 @@ EQUIVALENT: dict[str, str] = {
     ),
     **dict.fromkeys(
         (f"kubelet_dra.state.healthinfo.xǁHealthCacheǁ_schedule__mutmut_{n}" for n in (1, 2, 5)),
-        "its own check dropped or made `<=`: its one caller (_apply) calls it only when "
-        "the device has no heap entry or the new deadline is earlier, so the check passes",
-    ),
-    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_8": (
-        "the persist times read without a sink too: without a sink nothing staged is "
-        "handed over, so the persist decision they feed changes nothing"
+        "its own check dropped or made `<=`: _apply calls it only for a new, revived or "
+        "earlier deadline; where the device still holds an earlier entry, dropped, it "
+        "pushes the exact deadline and the earlier entry is dropped when it pops (`<=`: a "
+        "second equal entry, dropped so): expire() acts alike, and next_deadline() gives "
+        "the exact deadline instead of an earlier one, both what it promises",
     ),
     **dict.fromkeys(
         (
             f"kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_{n}"
-            for n in (69, 70, 73, 74)
+            for n in (71, 72, 73, 74)
         ),
-        "its check before _schedule() dropped or widened: _schedule() makes the same check "
-        "(an entry only for a first or an earlier deadline), so only a call is added",
+        "its check before _schedule() dropped or widened (`<=` made `<`, or `+` made `-` "
+        "so it never holds): _schedule() makes the same check (an entry only for a first "
+        "or an earlier deadline), so only a call is added (with a clock that never steps "
+        "back; after a step back past an expiry they schedule a revived record that the "
+        "original leaves without a heap entry)",
     ),
-    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_51": (
+    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_57": (
         "the persist decision with health and message changes joined by and: unexpired, "
         "either change is visible (persisted anyway); expired, the persisted copy is older "
         "than the lease, so the half-lease renewal rule persists it anyway"
     ),
-    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_83": (
+    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_95": (
         "the changed devices noted with the value '' instead of None: the dict is an "
         "ordered set, only its keys are read"
     ),
@@ -162,7 +160,8 @@ EQUIVALENT: dict[str, str] = {
         "its skip check weakened (and for or, the pool left out of the key): a driver's "
         "overdue set is taken whole at each of its reports, so an overdue record renewed "
         "since was renewed by this very report and is unexpired; and one deleted since "
-        "left the set with it, so the record is never missing",
+        "left the set with it, so the record is never missing (with a clock that never "
+        "steps back: 11 deletes an overdue record the stepped-back clock finds unexpired)",
     ),
     **dict.fromkeys(
         (

@@ -1,0 +1,62 @@
+"""The health cache's survivors of the mutation run after commit 31f19df.
+
+31f19df made a plain renewal skip the heap: ``HealthCache._apply`` schedules a
+device only when its deadline moves (new, revived or earlier), and skips a device
+that is neither moved, visible nor due for persisting. Leases are wall-clock times
+(``kubelet_dra.clock``), so a clock stepped back makes a plain renewal's deadline
+earlier than the one before: the case no other test reaches, where a renewal is
+moved without being visible or persisted. The other survivors of that run are
+declared equivalent in ``tests/mutation/score.py`` (docs/testing.md gives why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kubelet_dra import models
+from kubelet_dra.state import healthinfo
+
+H = models.HealthStatus
+T0 = 1_000_000.0
+DRV = "drv"
+
+
+def rep(device: str, *, message: str = "") -> models.DeviceReport:
+    return models.DeviceReport("pool", device, H.HEALTHY, message, 0)
+
+
+def key(device: str) -> models.DeviceKey:
+    return models.DeviceKey(DRV, "pool", device)
+
+
+class Sink:
+    """Every call the cache makes on its sink, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def stage(self, key: models.DeviceKey, record: models.DeviceHealth) -> None:
+        self.calls.append(("stage", (key, record)))
+
+    def stage_many(
+        self, records: Iterable[tuple[healthinfo.StagedKey, models.DeviceHealth]]
+    ) -> None:
+        self.calls.append(("stage_many", [(tuple(k), r) for k, r in records]))
+
+    def stage_delete(self, keys: Iterable[models.DeviceKey]) -> None:
+        self.calls.append(("stage_delete", sorted(keys)))
+
+
+def test_a_renewal_after_the_clock_stepped_back_expires_at_its_earlier_deadline() -> None:
+    # With a sink, the renewal 10 s "before" the first report is neither visible nor
+    # due for persisting (the persisted copy is not older than half the lease): only
+    # its earlier deadline (T0 + 20 instead of T0 + 30) makes it need the heap.
+    sink = Sink()
+    cache = healthinfo.HealthCache(sink=sink)
+    cache.update(DRV, [rep("a", message="ok")], now=T0)
+    sink.calls.clear()
+    assert cache.update(DRV, [rep("a", message="ok")], now=T0 - 10) == []
+    assert sink.calls == []
+    assert cache.next_deadline() == T0 + 20
+    assert cache.expire(T0 + 20.5) == [key("a")]
+    assert cache.get(key("a"), T0 + 20.5).health is H.UNKNOWN
