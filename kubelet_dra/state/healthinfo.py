@@ -139,6 +139,10 @@ class HealthCache:
         # Heap of (deadline, device) with at most one live entry per device,
         # whose deadline is in _scheduled; entries are settled lazily (_due).
         self._heap: list[tuple[float, models.DeviceKey]] = []
+        # The latest time expire() ran up to: every heap entry before it is gone. A
+        # record whose deadline lies before it has no entry left, even where its
+        # deadline is still ahead of a report's time (a wall clock stepped back).
+        self._expired_through = _NEVER
         # Keyed by DeviceKey; looked up with plain (driver, pool, device) tuples too.
         self._scheduled: dict[StagedKey, float] = {}
         # Per driver, the records whose lease ran out (found by _due): the
@@ -269,6 +273,7 @@ class HealthCache:
         persisted = self._persisted.setdefault(driver, {}) if sink is not None else {}
         renew_after = 1.0 - PERSIST_FRACTION
         unknown = models.HealthStatus.UNKNOWN
+        expired_through = self._expired_through
         refused = 0
         for key, (health, message, timeout, driver_time) in items:
             old = devices.get(key)
@@ -302,7 +307,10 @@ class HealthCache:
                 # that deadline (expire() and _due drop an entry only once its
                 # record's deadline passed): while the deadline does not move
                 # earlier, the renewal needs no lookup and no entry (see _schedule).
-                moved = not now <= old_report + old_lease <= now + lease
+                # "Past" is counted by expire()'s clock, not this report's: after the
+                # wall clock stepped back, a device expire() took has no entry.
+                old_deadline = old_report + old_lease
+                moved = not now <= old_deadline <= now + lease or old_deadline <= expired_through
             new = new_record(record_of, (health, message, lease, now, driver_time, endpoint))
             devices[key] = new
             if not (moved or visible or persist):
@@ -397,6 +405,7 @@ class HealthCache:
         endpoint has not reported since) is deleted now.
         """
         changed: list[models.DeviceKey] = []
+        self._expired_through = max(self._expired_through, now)
         while (top := self._due(now)) is not None:
             _, key = top
             heapq.heappop(self._heap)

@@ -60,3 +60,20 @@ def test_a_renewal_after_the_clock_stepped_back_expires_at_its_earlier_deadline(
     assert cache.next_deadline() == T0 + 20
     assert cache.expire(T0 + 20.5) == [key("a")]
     assert cache.get(key("a"), T0 + 20.5).health is H.UNKNOWN
+
+
+def test_a_device_revived_after_the_clock_stepped_back_is_scheduled_again() -> None:
+    # Expired at T0 + 31 (its heap entry popped), then the wall clock steps back and the
+    # driver reports it at T0 + 20: its old deadline (T0 + 30) lies between now and the
+    # new one, so "the deadline did not move earlier" held, and until 2026-12-04 the
+    # revived device was left without a heap entry: no next deadline, and no expiry at
+    # T0 + 51 although it reads Unknown then (found reading the mutation survivors).
+    cache = healthinfo.HealthCache()
+    cache.update(DRV, [rep("a")], now=T0)
+    assert cache.expire(T0 + 31) == [key("a")]
+    cache.update(DRV, [rep("a")], now=T0 + 20)
+    assert cache.get(key("a"), T0 + 21).health is H.HEALTHY
+    deadline = cache.next_deadline()
+    assert deadline is not None and deadline <= T0 + 50
+    assert cache.expire(T0 + 51) == [key("a")]
+    assert cache.get(key("a"), T0 + 51).health is H.UNKNOWN
