@@ -135,20 +135,24 @@ EQUIVALENT: dict[str, str] = {
     **dict.fromkeys(
         (
             f"kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_{n}"
-            for n in (71, 72, 73, 74)
+            for n in (71, 75, 76, 77)
         ),
-        "its check before _schedule() dropped or widened (`<=` made `<`, or `+` made `-` "
-        "so it never holds): _schedule() makes the same check (an entry only for a first "
-        "or an earlier deadline), so only a call is added (with a clock that never steps "
-        "back; after a step back past an expiry they schedule a revived record that the "
-        "original leaves without a heap entry)",
+        "its check before _schedule() widened (`<=` made `<`, or `+` made `-` in the old "
+        "deadline or the window so it never holds): `moved` is true more often, and "
+        "_schedule() makes the same check (an entry only for a first or an earlier "
+        "deadline), so only a call is added",
     ),
-    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_57": (
+    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_78": (
+        "`old_deadline <= expired_through` made `<`: expire() drops only entries before its "
+        "time (_due keeps a deadline equal to it), so at equality the record still holds "
+        "its entry; `<` is exact, `<=` only adds a call _schedule() ignores"
+    ),
+    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_58": (
         "the persist decision with health and message changes joined by and: unexpired, "
         "either change is visible (persisted anyway); expired, the persisted copy is older "
         "than the lease, so the half-lease renewal rule persists it anyway"
     ),
-    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_95": (
+    "kubelet_dra.state.healthinfo.xǁHealthCacheǁ_apply__mutmut_99": (
         "the changed devices noted with the value '' instead of None: the dict is an "
         "ordered set, only its keys are read"
     ),
