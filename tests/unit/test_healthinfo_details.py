@@ -10,12 +10,12 @@ Written against mutation testing's survivors (docs/testing.md).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 import pytest
 
 from kubelet_dra import models
 from kubelet_dra.state import healthinfo
+from tests.unit._cache_sink import Sink
 
 H = models.HealthStatus
 T0 = 1_000_000.0
@@ -28,24 +28,6 @@ def rep(device: str, health: H = H.HEALTHY, *, timeout: int = 0, message: str = 
 
 def key(device: str, driver: str = DRV) -> models.DeviceKey:
     return models.DeviceKey(driver, "pool", device)
-
-
-class Sink:
-    """Every call the cache makes on its sink, in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, object]] = []
-
-    def stage(self, key: models.DeviceKey, record: models.DeviceHealth) -> None:
-        self.calls.append(("stage", (key, record)))
-
-    def stage_many(
-        self, records: Iterable[tuple[healthinfo.StagedKey, models.DeviceHealth]]
-    ) -> None:
-        self.calls.append(("stage_many", [(tuple(k), r) for k, r in records]))
-
-    def stage_delete(self, keys: Iterable[models.DeviceKey]) -> None:
-        self.calls.append(("stage_delete", sorted(keys)))
 
 
 # -- the message cut (the kubelet keeps 1021 bytes and appends "...") ----------------

@@ -11,10 +11,9 @@ declared equivalent in ``tests/mutation/score.py`` (docs/testing.md gives why).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from kubelet_dra import models
 from kubelet_dra.state import healthinfo
+from tests.unit._cache_sink import Sink
 
 H = models.HealthStatus
 T0 = 1_000_000.0
@@ -27,24 +26,6 @@ def rep(device: str, *, message: str = "") -> models.DeviceReport:
 
 def key(device: str) -> models.DeviceKey:
     return models.DeviceKey(DRV, "pool", device)
-
-
-class Sink:
-    """Every call the cache makes on its sink, in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, object]] = []
-
-    def stage(self, key: models.DeviceKey, record: models.DeviceHealth) -> None:
-        self.calls.append(("stage", (key, record)))
-
-    def stage_many(
-        self, records: Iterable[tuple[healthinfo.StagedKey, models.DeviceHealth]]
-    ) -> None:
-        self.calls.append(("stage_many", [(tuple(k), r) for k, r in records]))
-
-    def stage_delete(self, keys: Iterable[models.DeviceKey]) -> None:
-        self.calls.append(("stage_delete", sorted(keys)))
 
 
 def test_a_renewal_after_the_clock_stepped_back_expires_at_its_earlier_deadline() -> None:
