@@ -168,6 +168,11 @@ class FakeDriver:
         self.notifications: list[tuple[bool, str]] = []
         self.silent = False
         self.prepare_devices: list[dict[str, Any]] | None = None
+        #: ``"<namespace>/<claim name>"`` -> the devices ``NodePrepareResources`` returns
+        #: for that claim: a real driver prepares what the claim's allocation names, and
+        #: the kubelet then maps health to a pod through those devices only. Claims not
+        #: named here get ``prepare_devices`` (or every reported device).
+        self.prepare_claims: dict[str, list[dict[str, Any]]] = {}
         self._devices: list[dict[str, Any]] | None = None
         self._streams: set[asyncio.Queue[list[dict[str, Any]] | _End]] = set()
         self._servers: list[grpc.aio.Server] = []
@@ -404,14 +409,17 @@ class _Health:
 
 
 class _DRAPlugin:
-    """``NodePrepareResources`` returns ``prepare_devices``, else one device per health entry."""
+    """``NodePrepareResources`` returns a claim's ``prepare_claims`` entry, else
+    ``prepare_devices``, else one device per health entry."""
 
     def __init__(self, driver: FakeDriver, version: str, pb: Any) -> None:
         self._driver, self._version, self._pb = driver, version, pb
 
-    def _devices(self) -> list[Any]:
+    def _devices(self, claim: Any) -> list[Any]:
         drv, pb = self._driver, self._pb
-        chosen = drv.prepare_devices if drv.prepare_devices is not None else drv._devices or []
+        chosen = drv.prepare_claims.get(f"{claim.namespace}/{claim.name}")
+        if chosen is None:
+            chosen = drv.prepare_devices if drv.prepare_devices is not None else drv._devices
         return [
             pb.Device(
                 request_names=d.get("requests", []),
@@ -419,15 +427,17 @@ class _DRAPlugin:
                 device_name=d["device"],
                 cdi_device_ids=d.get("cdi_device_ids", []),
             )
-            for d in chosen
+            for d in chosen or []
         ]
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
         await self._driver._count(f"NodePrepareResources/{self._version}")
         pb = self._pb
-        devices = self._devices()
         return pb.NodePrepareResourcesResponse(
-            claims={c.uid: pb.NodePrepareResourceResponse(devices=devices) for c in request.claims}
+            claims={
+                c.uid: pb.NodePrepareResourceResponse(devices=self._devices(c))
+                for c in request.claims
+            }
         )
 
     async def NodeUnprepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802

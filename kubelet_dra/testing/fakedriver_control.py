@@ -63,6 +63,9 @@ class _ControlServer:
             await drv.end_streams(args.get("code"), args.get("message", ""))
         elif op == "restart":
             await drv.restart()
+        elif op == "set_prepare":
+            drv.prepare_devices = args.get("devices")
+            drv.prepare_claims = dict(args.get("claims") or {})
         elif op == "stop":
             self._stopped.set()
         elif op not in ("calls", "status"):
@@ -118,6 +121,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--control", help="control socket path")
     parser.add_argument("--devices", help="JSON list of devices to report from the start")
     parser.add_argument("--resend", type=float, help="resend period in seconds")
+    parser.add_argument(
+        "--prepare-claims",
+        help='JSON object "<namespace>/<claim>" -> devices NodePrepareResources returns for it',
+    )
 
 
 def _versions(text: str) -> tuple[str, ...]:
@@ -143,6 +150,8 @@ async def _run(ns: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopped.set)
+    if ns.prepare_claims:
+        driver.prepare_claims = dict(json.loads(ns.prepare_claims))
     async with driver:
         if ns.devices:
             await driver.set_health(*json.loads(ns.devices), resend=ns.resend)

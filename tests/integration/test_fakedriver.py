@@ -50,6 +50,24 @@ async def test_sockets_calls_and_prepare(registry: pathlib.Path) -> None:
         assert drv.calls["NodePrepareResources/v1"] == 1
 
 
+async def test_prepare_per_claim(registry: pathlib.Path) -> None:
+    """A claim named in ``prepare_claims`` gets its own devices; others the default."""
+    async with fakedriver.FakeDriver(registry=registry) as drv:
+        await drv.set_health(device("pool", "gpu-0"), device("pool", "gpu-1"))
+        drv.prepare_claims = {"ns/one": [{"pool": "pool", "device": "gpu-1"}]}
+        claims = [
+            dra_pb2.Claim(uid="u1", namespace="ns", name="one"),
+            dra_pb2.Claim(uid="u2", namespace="ns", name="two"),
+            dra_pb2.Claim(uid="u3", namespace="other", name="one"),
+        ]
+        async with grpc.aio.insecure_channel(f"unix:{drv.dra_socket}") as channel:
+            answer = await dra_grpc.DRAPluginStub(channel).NodePrepareResources(
+                dra_pb2.NodePrepareResourcesRequest(claims=claims)
+            )
+        names = {uid: [d.device_name for d in c.devices] for uid, c in answer.claims.items()}
+        assert names == {"u1": ["gpu-1"], "u2": ["gpu-0", "gpu-1"], "u3": ["gpu-0", "gpu-1"]}
+
+
 async def test_push_silent_and_resend(registry: pathlib.Path) -> None:
     async with fakedriver.FakeDriver(registry=registry) as drv:
         await drv.set_health(device("pool", "a"), resend=0.01)  # heartbeat
