@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import _parts as parts
 from . import _report
 from ._run import Options, Soak
 
@@ -26,12 +27,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="schedule seed (default: random)")
     parser.add_argument("--out", type=Path, default=None, help="output dir (default: a temp dir)")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    parser.add_argument(
+        "--kubelet",
+        default="auto",
+        help="the real kubelet's line beside the sidecar (1.37, 1.38), 'none', or 'auto' "
+        "(default: 1.37 where it can run: root, unshare, Go builds; else none, saying why)",
+    )
     ns = parser.parse_args(argv)
+    kubelet, why_not = parts.choose_kubelet(ns.kubelet)
+    if why_not:
+        print(f"soak: {why_not}", flush=True)
+        if ns.kubelet != "auto":
+            return 2
     faulthandler.register(signal.SIGUSR1)  # a stuck run: kill -USR1 <pid> prints every stack
     seed = ns.seed if ns.seed is not None else random.SystemRandom().randrange(1, 10**6)
     out = ns.out or Path(tempfile.mkdtemp(prefix=f"kdra-soak-{seed}-"))
     print(f"soak: seed {seed}, {ns.minutes:g} minutes, output in {out}", flush=True)
-    summary = Soak(Options(ns.minutes, seed, out, chart=not ns.no_chart)).run()
+    opts = Options(ns.minutes, seed, out, chart=not ns.no_chart, kubelet=kubelet)
+    print(f"soak: real kubelet: {kubelet or 'none'}", flush=True)
+    summary = Soak(opts).run()
     print(_report.table(summary))
     for key in ("lost_final_states", "unknown_blips", "refused_invalid", "harness_errors"):
         for item in summary[key][:10]:

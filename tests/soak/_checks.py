@@ -15,6 +15,12 @@ read it:
   ``tests/faults/_faults`` (``_unknown_resources``); an ``Unknown`` device whose
   lease was still running at that moment is a blip (:meth:`World.lease_running`).
 - **writes refused as invalid**: the proxy's 400 and 422 answers to the sidecar.
+
+Beside a real kubelet (its gate on) the field ``allocatedResourcesStatus`` is the
+kubelet's, and the sidecar's own word on a pod is its condition ``DeviceHealthy``: the
+convergence and blip checks then read that condition (:func:`condition_health`,
+:func:`condition_unknown`), and the field only where a write of ours carried it. The
+kubelet's field is sampled too, as a comparison (:func:`pod_health`), not as a check.
 - **resources flat** (:func:`pooled_slope`): see there.
 """
 
@@ -199,6 +205,62 @@ def pod_health(pod: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     }
 
 
+#: The sidecar's pod condition (its default ``--pod-condition-type``).
+CONDITION = "DeviceHealthy"
+#: Fewest bytes of a cut condition message (``...`` at its end) taken as the whole one:
+#: the condition is capped at 1,024 bytes, its prefix names the device and the claim.
+CUT_AT_LEAST = 900
+
+
+def _condition(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for cond in (pod.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == CONDITION:
+            found: Mapping[str, Any] = cond
+            return found
+    return None
+
+
+def condition_health(pod: Mapping[str, Any], resource: str) -> tuple[str, str] | None:
+    """(health, message) the sidecar's condition gives the pod's one device ``resource``.
+
+    Read from the documented format (docs/pod-status.md, "The pod condition"), not with
+    the code that writes it: ``True`` is Healthy; ``False`` must read ``Unhealthy
+    devices: <resource> (claim <name>)``, then ``: <message>`` if there is one;
+    ``Unknown`` must name the device after ``Health unknown for devices:``. Anything else
+    is returned as ``("?", message)`` and never matches.
+    """
+    cond = _condition(pod)
+    if cond is None:
+        return None
+    status, message = cond.get("status"), str(cond.get("message") or "")
+    if status == "True":
+        return ("Healthy", "")
+    if status == "Unknown" and f"{resource} (" in condition_unknown(pod):
+        return ("Unknown", "")
+    prefix = f"Unhealthy devices: {resource} (claim "
+    if status == "False" and message.startswith(prefix):
+        rest = message[len(prefix) :].partition(")")[2]
+        return ("Unhealthy", rest[2:] if rest.startswith(": ") else "")
+    return ("?", message)
+
+
+def condition_unknown(pod: Mapping[str, Any]) -> str:
+    """The part of the sidecar's condition message that names Unknown devices."""
+    cond = _condition(pod)
+    return str((cond or {}).get("message") or "").partition("Health unknown for devices:")[2]
+
+
+def same(seen: tuple[str, str] | None, expected: tuple[str, str]) -> bool:
+    """Whether ``seen`` shows ``expected``; a condition message cut at its 1,024-byte cap
+    (ending in ``...``) shows a longer message it is a prefix of."""
+    if seen == expected:
+        return True
+    if seen is None or seen[0] != expected[0] or not seen[1].endswith("..."):
+        return False
+    kept = seen[1][:-3]
+    return len(kept.encode()) >= CUT_AT_LEAST and expected[1].startswith(kept)
+
+
 @dataclasses.dataclass
 class Lost:
     pod: str
@@ -210,8 +272,10 @@ class Lost:
 class Convergence:
     """Per pod: how long it has differed from what it must show, and every lag."""
 
-    def __init__(self, world: World, start: float) -> None:
+    def __init__(self, world: World, start: float, *, condition: bool = False) -> None:
         self.world = world
+        #: Read the sidecar's condition (beside a kubelet), else the field.
+        self.condition = condition
         self.start = start
         self.devices = pod_devices()
         self.behind: dict[str, float] = {}
@@ -226,8 +290,12 @@ class Convergence:
             expected, since = self.world.expected(driver, device, now)
             if expected is None:
                 continue
-            seen = pod_health(pods.get(name, {})).get(parts.resource_id(driver, device))
-            if seen != expected:
+            pod, resource = pods.get(name, {}), parts.resource_id(driver, device)
+            if self.condition:
+                seen = condition_health(pod, resource)
+            else:
+                seen = pod_health(pod).get(resource)
+            if not same(seen, expected):
                 out[name] = (seen, expected, since)
         return out
 
@@ -250,14 +318,26 @@ class Convergence:
         return len(wrong)
 
 
-def blips(world: World, writes: Iterable[Any], start: float) -> list[str]:
-    """Accepted status writes showing Unknown for a device whose lease was still running."""
+def blips(
+    world: World, writes: Iterable[Any], start: float, *, condition: bool = False
+) -> list[str]:
+    """Accepted status writes showing Unknown for a device whose lease was still running.
+
+    ``condition`` (beside a kubelet): the stored pod's field is the kubelet's unless the
+    write carried it, so the devices read are those the sidecar's condition calls
+    Unknown, and the field's only from writes that sent it.
+    """
     by_id = {
         parts.resource_id(d, i): (d, i) for d in range(plan.DRIVERS) for i in range(plan.DEVICES)
     }
     found = []
     for write in writes:
-        for resource in _unknown_resources(write.stored):
+        ours = write.sent_field or not condition
+        unknown = set(_unknown_resources(write.stored)) if ours else set()
+        if condition:
+            named = condition_unknown(write.stored)
+            unknown |= {r for r in by_id if f"{r} (" in named}
+        for resource in sorted(unknown):
             key = by_id.get(resource)
             if key is not None and world.lease_running(key[0], write.at):
                 found.append(f"{write.at - start:.1f} s {write.pod}: {resource} Unknown")

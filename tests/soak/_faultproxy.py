@@ -49,6 +49,9 @@ class StatusWrite:
     at: float
     pod: str
     stored: dict[str, Any]
+    #: Whether the request's body carried ``allocatedResourcesStatus``: beside a real
+    #: kubelet the stored pod holds the kubelet's field too, which the sidecar did not send.
+    sent_field: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +244,8 @@ class FaultProxy:
             with contextlib.suppress(ValueError):
                 stored = json.loads(body)
                 name = request.path.split("?")[0].rstrip("/").rsplit("/", 2)[-2]
-                self.writes.append(StatusWrite(now, name, stored))
+                sent = b"allocatedResourcesStatus" in request.body
+                self.writes.append(StatusWrite(now, name, stored, sent))
         elif status == 422 and _patch_test_failed(body):
             # A JSON patch whose `test` failed: the pod changed under the writer (the
             # writer re-reads and plans again), not content the server found invalid.

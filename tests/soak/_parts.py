@@ -57,12 +57,28 @@ def env() -> dict[str, str]:
 
 
 class Driver:
-    """One fake driver process; ``start(devices)`` after a kill serves them again."""
+    """One fake driver process; ``start(devices)`` after a kill serves them again.
 
-    def __init__(self, index: int, sockets: Path, logs: Path) -> None:
+    It registers in a directory of its own under ``registry`` (the sidecar's, or the
+    real kubelet's ``plugins_registry``: both watch subdirectories). ``prepare``
+    (``"<namespace>/<claim>"`` -> devices) is what its ``NodePrepareResources`` answers
+    a kubelet for each claim, kept across restarts.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        sockets: Path,
+        logs: Path,
+        *,
+        registry: Path | None = None,
+        prepare: dict[str, list[dict[str, str]]] | None = None,
+    ) -> None:
         self.index = index
         self.name = driver_name(index)
         self.sockets = sockets
+        self.registry_root = registry or sockets / "reg"
+        self.prepare = prepare or {}
         self.log = logs / f"driver-{index}.log"
         self.generation = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -70,7 +86,7 @@ class Driver:
 
     @property
     def registry(self) -> Path:
-        return self.sockets / "reg" / f"d{self.index}g{self.generation}"
+        return self.registry_root / f"d{self.index}g{self.generation}"
 
     @property
     def plugin_dir(self) -> Path:
@@ -98,6 +114,8 @@ class Driver:
             "--control", str(self.control), "--devices", json.dumps(devices),
             "--resend", str(plan.RESEND),
         ]  # fmt: skip
+        if self.prepare:
+            argv += ["--prepare-claims", json.dumps(self.prepare)]
         with self.log.open("ab") as err:
             self.proc = subprocess.Popen(
                 argv, cwd=ROOT, env=env(), stdin=subprocess.DEVNULL,
@@ -132,7 +150,14 @@ class Sidecar:
     """``kubelet-dra-health run`` on a fixed metrics port, restarted after each fault."""
 
     def __init__(
-        self, *, kubeconfig: Path, registry: Path, state_dir: Path, log: Path, port: int
+        self,
+        *,
+        kubeconfig: Path,
+        registry: Path,
+        state_dir: Path,
+        log: Path,
+        port: int,
+        kubelet_root: Path | None = None,
     ) -> None:
         self.port = port
         self.state_dir = state_dir
@@ -141,7 +166,9 @@ class Sidecar:
             sys.executable, "-m", "kubelet_dra", "run", "--node-name", NODE,
             "--kubeconfig", str(kubeconfig), "--plugins-registry", str(registry),
             "--state-dir", str(state_dir), "--metrics-address", f"127.0.0.1:{port}",
-            "--kubelet-root-dir", "",
+            # Beside the real kubelet: its root dir (its DRA checkpoint), as a DaemonSet
+            # mounts it; else none, so that no kubelet on this machine is taken for ours.
+            "--kubelet-root-dir", str(kubelet_root or ""),
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
         self.lives = 0
@@ -245,3 +272,35 @@ def proc_stats(pid: int) -> dict[str, float] | None:
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     rss_kib = float(fields.get("VmRSS", "0 kB").split()[0])
     return {"rss_mb": rss_kib / 1024, "threads": float(fields["Threads"]), "fds": float(fds)}
+
+
+#: Kubelet lines the soak can run beside (both know the message gate, added in 1.36).
+KUBELET_LINES = ("1.37", "1.38")
+KUBELET_GATES = {"ResourceHealthStatus": True, "ResourceHealthStatusMessage": True}
+
+
+def kubelet_unavailable(line: str) -> str | None:
+    """Why the real kubelet of ``line`` cannot run beside the soak here, or ``None``."""
+    from tests.e2e import _node
+    from tests.interop import _build
+
+    if line not in KUBELET_LINES:
+        return f"kubelet line {line} not one of {', '.join(KUBELET_LINES)}"
+    reason = _node.unavailable_reason()
+    if reason:
+        return reason
+    for name in (f"kubelet-{line}", "fakecri"):
+        try:
+            _build.ensure(name)
+        except (_build.BuildUnavailable, _build.BuildFailed) as exc:
+            return f"{name} unavailable: {exc}"
+    return None
+
+
+def choose_kubelet(choice: str) -> tuple[str | None, str | None]:
+    """``(line to run, why not)`` for ``auto`` (1.37 where it can run), ``none`` or a line."""
+    if choice == "none":
+        return None, None
+    line = "1.37" if choice == "auto" else choice
+    reason = kubelet_unavailable(line)
+    return (line, None) if reason is None else (None, f"no real kubelet {line}: {reason}")

@@ -89,7 +89,7 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
     lost = [dataclasses.asdict(x) for x in soak.conv.lost]
     if final["converged_after"] is None:
         lost.append({"pod": "(final)", "wrong": final["wrong"]})
-    blips = checks.blips(soak.world, soak.proxy.writes, soak.t0)
+    blips = checks.blips(soak.world, soak.proxy.writes, soak.t0, condition=soak.beside_kubelet)
     refused = [dataclasses.asdict(r) for r in soak.proxy.refused]
     fitted = slopes(soak)
     resources = {
@@ -98,7 +98,7 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
     }
     resources["wal_bytes"] = _capped(soak.samples, "wal_bytes", WAL_CAP)
     lags = sorted(soak.conv.lags)
-    phantom = _phantom_kubelet(soak.samples)
+    phantom = _phantom_kubelet(soak.samples, beside=soak.beside_kubelet)
     rows = [r for r in soak.samples]
     minutes_run = (rows[-1]["t"] / 60) if rows else 0.0
     summary = {
@@ -129,6 +129,7 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
         "harness_errors": soak.errors + [f"proxy: {e}" for e in soak.proxy.errors],
         "phantom_kubelet": phantom[:5],
         "phantom_kubelet_samples": len(phantom),
+        "kubelet": _kubelet_side(soak),
     }
     summary["ok"] = (
         not lost
@@ -142,14 +143,37 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def _phantom_kubelet(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Samples in which the sidecar saw a kubelet writing or removing the field: there is
-    none in the soak, so each is our own write taken for someone else's."""
+def _phantom_kubelet(
+    samples: list[dict[str, Any]], *, beside: bool = False
+) -> list[dict[str, Any]]:
+    """Samples in which the sidecar saw a kubelet that is not there.
+
+    Without a kubelet: any pod left to one, or a removal, is our own write taken for
+    someone else's. ``beside`` a kubelet with its gate on: pods left to it are right,
+    but a removal of the field is not (that kubelet never removes it).
+    """
     return [
         {"t": r["t"], "kubelet_owned": r.get("kubelet_owned"), "removes": r.get("kubelet_removes")}
         for r in samples
-        if r.get("kubelet_owned") or r.get("kubelet_removes")
+        if r.get("kubelet_removes") or (r.get("kubelet_owned") and not beside)
     ]
+
+
+def _kubelet_side(soak: Soak) -> dict[str, Any] | None:
+    """Beside a real kubelet, its own field over the run, for comparison (not judged):
+    pods it left behind for longer than the bound, its lags, its Unknown blips."""
+    if soak.kconv is None:
+        return None
+    lags = sorted(soak.kconv.lags)
+    owned = [r["kubelet_owned"] for r in soak.samples if r.get("kubelet_owned") is not None]
+    return {
+        "line": soak.opts.kubelet,
+        "restarts": sum(1 for e in soak.events if e["kind"] == "kubelet-restart"),
+        "field_lost": len(soak.kconv.lost),
+        "field_lag_s": {"count": len(lags), "p50": _pct(lags, 0.5), "p99": _pct(lags, 0.99)},
+        "field_unknown_samples": sum(r.get("kubelet_unknown") or 0 for r in soak.samples),
+        "pods_left_to_it_at_end": owned[-1] if owned else None,
+    }
 
 
 def _capped(samples: list[dict[str, Any]], name: str, cap: int) -> dict[str, Any]:
@@ -236,8 +260,7 @@ def table(summary: dict[str, Any]) -> str:
         f"| final convergence | {summary['final_convergence']['converged_after']} s "
         "after the run's end |",
         f"| Unknown blips (lease running) | {len(summary['unknown_blips'])} |",
-        "| pods left to a kubelet that is not there | "
-        f"{summary.get('phantom_kubelet_samples', 'n/a')} samples |",
+        *_kubelet_rows(summary),
         f"| writes refused as invalid | {len(summary['refused_invalid'])} "
         f"(and {summary['patch_tests_failed']} JSON patches whose `test` failed: conflicts) |",
         f"| RSS slope | {slope('rss_mb', 'MB')} (range {span('rss_mb', '{:.1f}')} MB) |",
@@ -252,6 +275,25 @@ def table(summary: dict[str, Any]) -> str:
         f"| verdict | {'PASS' if summary['ok'] else 'FAIL'} |",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _kubelet_rows(summary: dict[str, Any]) -> list[str]:
+    side = summary.get("kubelet")
+    if not side:
+        return [
+            "| pods left to a kubelet that is not there | "
+            f"{summary.get('phantom_kubelet_samples', 'n/a')} samples |"
+        ]
+    lag = side["field_lag_s"]
+    return [
+        f"| real kubelet | {side['line']}, {side['restarts']} restarts (SIGKILL), "
+        f"{side['pods_left_to_it_at_end']} pods' field left to it at the end |",
+        "| samples in which it removed the field (its gate is on: none expected) | "
+        f"{summary.get('phantom_kubelet_samples', 'n/a')} |",
+        f"| the kubelet's own field (not judged) | {side['field_lost']} pods behind for "
+        f"longer than the bound; lag p50 {lag['p50']} s, p99 {lag['p99']} s; "
+        f"{side['field_unknown_samples']} pod-samples Unknown while the lease ran |",
+    ]
 
 
 def _write(soak: Soak, summary: dict[str, Any]) -> None:
@@ -271,6 +313,8 @@ def _write(soak: Soak, summary: dict[str, Any]) -> None:
         "pending",
         "writes",
         "wrong",
+        "kubelet_wrong",
+        "kubelet_unknown",
     ]
     with (out / "samples.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")

@@ -4,7 +4,11 @@ Parts (``tests/soak/_parts.py``): the real etcd and kube-apiserver of the intero
 (``tests/interop/_apiserver.py``, the cached binaries of ``tests/interop/_build.py``;
 restarted with ``tests/interop/_controlplane.py``), the fault proxy in front of it
 (``_faultproxy.py``: the sidecar's kubeconfig points at it), 3 fake drivers of 8 devices
-as processes, 30 pods in namespace ``soak`` on node ``soak-node``, and the sidecar.
+as processes, 30 pods in namespace ``soak`` on node ``soak-node``, and the sidecar;
+with ``Options.kubelet`` also the real kubelet of that line on that node (``tests/e2e/_node.py``:
+the upstream kubelet on the upstream fake CRI), which runs the pods, prepares their claims
+through the drivers and writes their ``allocatedResourcesStatus`` itself, while the
+sidecar writes its condition beside it.
 
 Each part has a worker thread that runs its faults in order (a fault on one part waits
 for the one before it; faults of different parts overlap); the main thread hands each
@@ -31,6 +35,7 @@ from typing import Any, cast
 from urllib.parse import urlparse
 
 from kubelet_dra.testing import make_claim, make_pod
+from tests.e2e._node import Kubelet, KubeletSpec
 from tests.interop import _build
 from tests.interop._apiserver import KubeApiServer, free_port, start_kube_apiserver
 from tests.interop._cluster import RealCluster
@@ -42,8 +47,9 @@ from . import _schedule as plan
 from ._faultproxy import FaultProxy
 
 NAMESPACE = "soak"
-#: The sidecar's metrics each sample reads. No kubelet runs in the soak, so the last two
-#: must stay 0: a pod left to "the kubelet" loses its next change (a bug the soak found).
+#: The sidecar's metrics each sample reads. Without a kubelet the last two must stay 0: a
+#: pod left to "the kubelet" loses its next change (a bug the soak found). Beside the
+#: kubelet (gate on) the last must stay 0: that kubelet never removes the field.
 SCRAPED = (
     "kubelet_dra_event_loop_tasks",
     "kubelet_dra_pending_pods",
@@ -60,6 +66,8 @@ class Options:
     seed: int
     out: Path
     chart: bool = True
+    #: The real kubelet's line (``"1.37"``) to run beside the sidecar, or ``None``.
+    kubelet: str | None = None
 
 
 class _Worker:
@@ -86,7 +94,7 @@ class _Worker:
 class Soak:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
-        self.schedule = plan.make(opts.seed, opts.minutes)
+        self.schedule = plan.make(opts.seed, opts.minutes, kubelet=opts.kubelet is not None)
         self.world = checks.World()
         self.errors: list[str] = []
         self.samples: list[dict[str, Any]] = []
@@ -116,15 +124,28 @@ class Soak:
             seed=self.opts.seed,
         )  # fmt: skip
         self._exit.callback(self.proxy.stop)
-        self._pods()
-        self.drivers = [parts.Driver(i, self.sockets, out) for i in range(plan.DRIVERS)]
+        self.kubelet = self._kubelet(out) if self.opts.kubelet else None
+        registry = self.kubelet.registry if self.kubelet else self.sockets / "reg"
+        if self.kubelet is None:
+            self._pods()
+        prepare = _prepare_claims()
+        self.drivers = [
+            parts.Driver(i, self.sockets, out, registry=registry, prepare=prepare[i])
+            for i in range(plan.DRIVERS)
+        ]
         for driver in self.drivers:
             self._exit.callback(driver.kill)
             driver.start(self.world.reports(driver.index))
+        if self.kubelet is not None:
+            # Pods after the kubelet took the drivers: it prepares their claims at once
+            # rather than after a sync backoff.
+            self._registered_with_kubelet()
+            self._pods(bind=True)
         self.sidecar = parts.Sidecar(
             kubeconfig=self._kubeconfig(out / "sidecar.kubeconfig"),
-            registry=self.sockets / "reg", state_dir=self.disk.path,
+            registry=registry, state_dir=self.disk.path,
             log=out / "sidecar.log", port=free_port(),
+            kubelet_root=self.kubelet.root if self.kubelet else None,
         )  # fmt: skip
         self._exit.callback(self.sidecar.signal, signal.SIGKILL)
         self.sidecar.start()
@@ -137,9 +158,44 @@ class Soak:
             apiserver_bin=_build.ensure("kube-apiserver"),
             workdir=out / "apiserver",
             timeout=300.0,  # a loaded 2-core machine (load 50 seen) takes minutes
+            # The kubelet's identity: the Node authorizer applies to it as in a cluster.
+            extra_users={f"system:node:{parts.NODE}": ("system:nodes",)},
         )
         self._exit.callback(server.stop)
         return server
+
+    def _kubelet(self, out: Path) -> Kubelet:
+        line = self.opts.kubelet
+        assert line is not None
+        # A short workdir: the drivers' registration sockets live under its root, and a
+        # unix socket's path has at most 107 bytes.
+        workdir = Path(tempfile.mkdtemp(prefix="kdra-soak-kl-"))
+        kubelet = Kubelet(
+            kubelet_bin=_build.ensure(f"kubelet-{line}"),
+            fakecri_bin=_build.ensure("fakecri"),
+            server=self.server,
+            workdir=workdir,
+            spec=KubeletSpec(line=line, gates=parts.KUBELET_GATES, node=parts.NODE),
+        )
+
+        def close() -> None:
+            kubelet.stop()
+            for name in ("kubelet.log", "fakecri.log"):
+                with contextlib.suppress(OSError):
+                    shutil.copyfile(workdir / name, out / name)
+            shutil.rmtree(workdir, ignore_errors=True)
+
+        self._exit.callback(close)
+        kubelet.start(timeout=300.0)
+        return kubelet
+
+    def _registered_with_kubelet(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        for driver in self.drivers:
+            while driver.request("calls")["calls"].get("NotifyRegistrationStatus", 0) < 1:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the kubelet never registered {driver.name}")
+                time.sleep(0.2)
 
     def _kubeconfig(self, path: Path) -> Path:
         config = {
@@ -162,17 +218,32 @@ class Soak:
         path.chmod(0o600)
         return path
 
-    def _pods(self) -> None:
+    def _pods(self, *, bind: bool = False) -> None:
+        """Each pod and its claim, allocated and reserved for it.
+
+        ``bind`` (beside a kubelet): as the scheduler would, the pod is created unbound
+        with no status, its claim reserved for it, and only then bound to the node, so the
+        kubelet sees it once its claim is ready, and writes its status itself.
+        """
         for name, (driver, device) in checks.pod_devices().items():
-            created = self.cluster.create_pod(
-                make_pod(name, parts.NODE, namespace=NAMESPACE, claims=[f"{name}-gpu"])
-            )
+            pod = make_pod(name, parts.NODE, namespace=NAMESPACE, claims=[f"{name}-gpu"])
+            if bind:
+                del pod["status"], pod["spec"]["nodeName"]
+            created = self.cluster.create_pod(pod)
             result = (parts.driver_name(driver), parts.POOL, parts.device_name(device), "gpu")
             self.cluster.create_claim(
                 make_claim(
                     f"{name}-gpu", NAMESPACE, [result], reserved_for=[created], node=parts.NODE
                 )
             )
+            if bind:
+                binding = {
+                    "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": parts.NODE},
+                }  # fmt: skip
+                self.cluster.core.create_namespaced_pod_binding(
+                    name, NAMESPACE, cast(Any, binding), _preload_content=False
+                )
 
     # -- reading -------------------------------------------------------------------------
 
@@ -208,7 +279,9 @@ class Soak:
             self.setup()
             self._first_convergence()
             self.t0 = time.time()
-            self.conv = checks.Convergence(self.world, self.t0)
+            self.conv = checks.Convergence(self.world, self.t0, condition=self.beside_kubelet)
+            # Beside a kubelet its own field is followed too, for comparison (not judged).
+            self.kconv = checks.Convergence(self.world, self.t0) if self.kubelet else None
             sampler = threading.Thread(target=self._sampler, name="soak-sampler", daemon=True)
             sampler.start()
             self._play()
@@ -219,13 +292,26 @@ class Soak:
         finally:
             self._exit.close()
 
-    def _first_convergence(self, timeout: float = 120.0) -> None:
-        conv = checks.Convergence(self.world, time.time())
+    @property
+    def beside_kubelet(self) -> bool:
+        return self.opts.kubelet is not None
+
+    def _first_convergence(self, timeout: float = 300.0) -> None:
+        """Until every pod shows the drivers' first reports (beside a kubelet: in the
+        sidecar's condition, every pod Running and the kubelet's field there too)."""
+        ours = checks.Convergence(self.world, time.time(), condition=self.beside_kubelet)
+        field = checks.Convergence(self.world, time.time())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             pods = self.list_pods()
-            if pods is not None and not conv.wrong(pods, time.time()):
-                return
+            if pods is not None and not ours.wrong(pods, time.time()):
+                if not self.beside_kubelet:
+                    return
+                running = all(
+                    (p.get("status") or {}).get("phase") == "Running" for p in pods.values()
+                )
+                if running and not field.wrong(pods, time.time()):
+                    return
             time.sleep(0.5)
         raise RuntimeError("the pods never showed the drivers' first reports")
 
@@ -243,7 +329,8 @@ class Soak:
         return {"converged_after": None, "wrong": {k: str(v) for k, v in wrong.items()}}
 
     def _play(self) -> None:
-        workers = {name: _Worker(name, self.errors) for name in plan.part_names()}
+        names = plan.part_names(kubelet=self.beside_kubelet)
+        workers = {name: _Worker(name, self.errors) for name in names}
         actions: list[tuple[float, str, Callable[[], None]]] = []
         for fault in self.schedule.faults:
             actions.append((fault.at, fault.part, self._fault_action(fault)))
@@ -320,6 +407,13 @@ class Soak:
             self.proxy.fault(kind.removeprefix("proxy-"), seconds)
             time.sleep(seconds)
             self.proxy.clear()
+        elif kind == "kubelet-restart":
+            assert self.kubelet is not None
+            self.kubelet.kill()
+            time.sleep(seconds)
+            # Its fake runtime kept the containers; it waits for the Node to be Ready
+            # again (through an API server restart too, hence the long timeout).
+            self.kubelet.start(timeout=300.0)
         elif kind == "disk-full":
             self.disk.fill()
             time.sleep(seconds)
@@ -371,6 +465,9 @@ class Soak:
         row: dict[str, Any] = {"t": round(now - self.t0, 2), "life": self.sidecar.lives}
         pods = self.list_pods()
         row["wrong"] = self.conv.sample(pods, now) if pods is not None else None
+        if self.kconv is not None and pods is not None:
+            row["kubelet_wrong"] = self.kconv.sample(pods, now)
+            row["kubelet_unknown"] = self._kubelet_unknown(pods, now)
         pid = self.sidecar.pid
         stats = parts.proc_stats(pid) if pid else None
         row.update(stats or {})
@@ -386,9 +483,28 @@ class Soak:
         row["writes"] = len(self.proxy.writes)
         self.samples.append(row)
 
+    def _kubelet_unknown(self, pods: dict[str, dict[str, Any]], now: float) -> int:
+        """Pods whose kubelet-written field shows their device Unknown while its lease
+        runs (the kubelet's ``clearDriver`` at a stream's end): the comparison's blips."""
+        count = 0
+        for name, (driver, device) in checks.pod_devices().items():
+            health = checks.pod_health(pods.get(name, {})).get(parts.resource_id(driver, device))
+            if health and health[0] == "Unknown" and self.world.lease_running(driver, now):
+                count += 1
+        return count
+
     # -- judging -------------------------------------------------------------------------
 
     def _judge(self, final: dict[str, Any]) -> dict[str, Any]:
         from . import _report
 
         return _report.judge(self, final)
+
+
+def _prepare_claims() -> list[dict[str, list[dict[str, str]]]]:
+    """Per driver, ``"<namespace>/<claim>"`` -> the one device its allocation names."""
+    out: list[dict[str, list[dict[str, str]]]] = [{} for _ in range(plan.DRIVERS)]
+    for name, (driver, device) in checks.pod_devices().items():
+        key = f"{NAMESPACE}/{name}-gpu"
+        out[driver][key] = [{"pool": parts.POOL, "device": parts.device_name(device)}]
+    return out

@@ -40,9 +40,14 @@ KINDS: dict[str, tuple[str, ...]] = {
     "apiserver": ("apiserver-restart",),
     "proxy": ("proxy-5xx", "proxy-429", "proxy-reset", "proxy-stall"),
     "disk": ("disk-full",),
+    # Only where a real kubelet runs (``make(..., kubelet=True)``): SIGKILL, then a start
+    # that waits for its Node to be Ready again (its fake runtime keeps the containers).
+    "kubelet": ("kubelet-restart",),
 }
 #: Extra faults per hour of faulted time, per part (beyond one of each kind).
-PER_HOUR = {"sidecar": 24.0, "driver": 6.0, "apiserver": 4.0, "proxy": 24.0, "disk": 10.0}
+PER_HOUR = {
+    "sidecar": 24.0, "driver": 6.0, "apiserver": 4.0, "proxy": 24.0, "disk": 10.0, "kubelet": 6.0,
+}  # fmt: skip
 #: (shortest, longest) seconds each kind lasts: the outage, the window, the flood.
 DURATIONS: dict[str, tuple[float, float]] = {
     "sidecar-sigkill": (0.5, 3.0),
@@ -57,6 +62,7 @@ DURATIONS: dict[str, tuple[float, float]] = {
     "proxy-stall": (5.0, 15.0),
     "disk-full": (5.0, 15.0),
     "disk-readonly": (5.0, 15.0),
+    "kubelet-restart": (1.0, 20.0),
 }
 #: Share of the faulted time, from its start, in which the sidecar's own faults fall.
 SIDECAR_SHARE = 1 / 3
@@ -111,15 +117,19 @@ class Schedule:
         return "\n".join(lines)
 
 
-def part_names() -> list[str]:
-    return ["sidecar", *(f"driver-{i}" for i in range(DRIVERS)), "apiserver", "proxy", "disk"]
+def part_names(kubelet: bool = False) -> list[str]:
+    names = ["sidecar", *(f"driver-{i}" for i in range(DRIVERS)), "apiserver", "proxy", "disk"]
+    return [*names, "kubelet"] if kubelet else names
 
 
 def kinds_of(part: str) -> tuple[str, ...]:
     return KINDS[part.split("-", maxsplit=1)[0]]
 
 
-def make(seed: int, minutes: float) -> Schedule:
+def make(seed: int, minutes: float, *, kubelet: bool = False) -> Schedule:
+    """The plan of ``(seed, minutes)``; ``kubelet`` adds the kubelet's faults, drawn from
+    a generator of their own so that every other fault and change is the same plan with
+    or without a kubelet (a seed replays the same run either way)."""
     rng = random.Random(seed)
     start, end = WARMUP, max(WARMUP + 30.0, minutes * 60 - QUIET)
     faults: list[Fault] = []
@@ -130,8 +140,12 @@ def make(seed: int, minutes: float) -> Schedule:
         stop = start + (end - start) * SIDECAR_SHARE if part == "sidecar" else end
         kinds = _kinds_for(rng, part, stop - start)
         faults += _place(rng, part, kinds, start, stop)
+    changes = _changes(rng, minutes * 60 - 20)
+    if kubelet:
+        own = random.Random(f"{seed}/kubelet")
+        faults += _place(own, "kubelet", _kinds_for(own, "kubelet", end - start), start, end)
     faults.sort(key=lambda f: (f.at, f.part))
-    return Schedule(seed, minutes, tuple(faults), tuple(_changes(rng, minutes * 60 - 20)))
+    return Schedule(seed, minutes, tuple(faults), tuple(changes))
 
 
 def _kinds_for(rng: random.Random, part: str, seconds: float) -> list[str]:

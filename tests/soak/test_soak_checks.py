@@ -15,14 +15,22 @@ from tests.soak import _schedule as plan
 from tests.soak._faultproxy import StatusWrite
 
 
+@pytest.mark.parametrize("kubelet", [False, True], ids=["alone", "kubelet"])
 @pytest.mark.parametrize("minutes", [3, 15, 60])
-def test_the_schedule_is_seeded_has_every_kind_and_no_overlap_on_a_part(minutes: int) -> None:
-    first, again = plan.make(7, minutes), plan.make(7, minutes)
+def test_the_schedule_is_seeded_has_every_kind_and_no_overlap_on_a_part(
+    minutes: int, kubelet: bool
+) -> None:
+    first, again = plan.make(7, minutes, kubelet=kubelet), plan.make(7, minutes, kubelet=kubelet)
     assert first == again
-    assert plan.make(8, minutes) != first
+    assert plan.make(8, minutes, kubelet=kubelet) != first
     kinds = {f.kind for f in first.faults}
-    assert kinds == set(plan.DURATIONS), set(plan.DURATIONS) - kinds
-    for part in plan.part_names():
+    expected = set(plan.DURATIONS) - (set() if kubelet else {"kubelet-restart"})
+    assert kinds == expected, expected ^ kinds
+    # The kubelet's faults come on top of the same plan: a seed replays either way.
+    alone = plan.make(7, minutes)
+    assert alone.changes == first.changes
+    assert [f for f in first.faults if f.part != "kubelet"] == list(alone.faults)
+    for part in plan.part_names(kubelet=kubelet):
         mine = sorted((f.at, f.at + f.seconds) for f in first.faults if f.part == part)
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(mine)), (part, mine)
     end = minutes * 60 - plan.QUIET
@@ -143,6 +151,66 @@ def test_the_state_file_slope_is_the_main_file_s_and_the_wal_is_held_to_a_cap() 
     assert not report._capped(samples, "wal_bytes", report.WAL_CAP)["ok"]
 
 
+def _with_condition(status: str, message: str) -> dict[str, object]:
+    cond = {"type": checks.CONDITION, "status": status, "message": message}
+    return {"status": {"conditions": [{"type": "Ready", "status": "True"}, cond]}}
+
+
+def test_beside_a_kubelet_the_condition_is_read_by_its_documented_format() -> None:
+    rid = parts.resource_id(1, 2)
+    assert checks.condition_health({}, rid) is None
+    assert checks.condition_health(_with_condition("True", "All 1 devices are healthy"), rid) == (
+        "Healthy",
+        "",
+    )
+    unhealthy = _with_condition("False", f"Unhealthy devices: {rid} (claim pod-10-gpu): XID 9")
+    assert checks.condition_health(unhealthy, rid) == ("Unhealthy", "XID 9")
+    bare = _with_condition("False", f"Unhealthy devices: {rid} (claim pod-10-gpu)")
+    assert checks.condition_health(bare, rid) == ("Unhealthy", "")
+    unknown = _with_condition("Unknown", f"Health unknown for devices: {rid} (claim pod-10-gpu)")
+    assert checks.condition_health(unknown, rid) == ("Unknown", "")
+    # Another device named, or a message in another shape, never matches.
+    other = parts.resource_id(1, 3)
+    assert checks.condition_health(unknown, other)[0] == "?"  # type: ignore[index]
+    assert checks.condition_health(unhealthy, other)[0] == "?"  # type: ignore[index]
+    # A message cut at the condition's cap shows the long one it is a prefix of.
+    said = "XID 7 " + "✗" * 500
+    cut = said.encode()[:950].decode(errors="ignore") + "..."
+    assert checks.same(("Unhealthy", cut), ("Unhealthy", said))
+    assert not checks.same(("Unhealthy", cut), ("Unhealthy", "XID 8 " + "✗" * 500))
+    assert not checks.same(("Unhealthy", "XID..."), ("Unhealthy", "XID 7"))  # too short a cut
+    assert not checks.same(("Healthy", cut), ("Unhealthy", said))
+
+
+def test_beside_a_kubelet_a_blip_is_ours_only_in_our_condition_or_a_field_we_sent() -> None:
+    world = _world_with_outage(1000.0, None)
+    rid = parts.resource_id(0, 3)
+    kubelets = _pod(rid, "Unknown", "")  # the kubelet's clearDriver, in the stored pod
+    at = 1000.0 + plan.LEASE / 2
+    assert (
+        checks.blips(world, [StatusWrite(at, "pod-03", kubelets, False)], 0.0, condition=True) == []
+    )
+    sent = StatusWrite(at, "pod-03", kubelets, True)
+    assert len(checks.blips(world, [sent], 0.0, condition=True)) == 1
+    ours = _with_condition("Unknown", f"Health unknown for devices: {rid} (claim pod-03-gpu)")
+    write = StatusWrite(at, "pod-03", ours, False)
+    assert len(checks.blips(world, [write], 0.0, condition=True)) == 1
+    assert checks.blips(world, [write], 0.0) == []  # alone, the field is what is read
+
+
+def test_beside_a_kubelet_convergence_reads_the_condition() -> None:
+    world = checks.World()
+    world.say(0, 0, "Unhealthy", "XID 79", 100.0)
+    conv = checks.Convergence(world, 0.0, condition=True)
+    conv.devices = {"pod-00": (0, 0)}
+    rid = parts.resource_id(0, 0)
+    field_only = {"pod-00": _pod(rid, "Unhealthy", "XID 79")}
+    assert conv.wrong(field_only, 110.0)  # the kubelet's field is not our word
+    ours = {"pod-00": _with_condition("False", f"Unhealthy devices: {rid} (claim g): XID 79")}
+    assert not conv.wrong(ours, 110.0)
+    assert checks.Convergence(world, 0.0).wrong(ours, 110.0)
+
+
 def test_a_sample_in_which_the_sidecar_sees_a_kubelet_is_a_failure() -> None:
     # No kubelet runs in the soak: the sidecar leaving a pod to one (or seeing one remove
     # the field) took its own write for another writer's, which lost the next change.
@@ -155,6 +223,8 @@ def test_a_sample_in_which_the_sidecar_sees_a_kubelet_is_a_failure() -> None:
     found = report._phantom_kubelet(rows)
     assert [r["t"] for r in found] == [3.0, 4.0]
     assert report._phantom_kubelet(rows[:2]) == []
+    # Beside a kubelet with its gate on, pods left to it are right; a removal is not.
+    assert [r["t"] for r in report._phantom_kubelet(rows, beside=True)] == [4.0]
 
 
 def test_rss_given_back_passes_and_rss_that_grows_or_counts_that_fall_fail() -> None:
