@@ -7,8 +7,11 @@ in glibc's heap, fragmented between live blocks. ``malloc_trim(0)`` hands every 
 free page inside the heap back (``madvise(MADV_DONTNEED)``). It was written for the
 soak's RSS steps (0.6-1.8 MB at driver restarts and relists, flat between them, with the
 traced Python memory flat); the hour re-run with it (``docs/reliability.md``, 2026-12-04)
-still showed them, so those steps are not free heap, and this stays as a cheap bound on
-what is.
+still showed them, so those steps are not free heap. ``docs/memory.md`` (``python -m
+benchmarks.rssprobe``) measured each event in isolation: a driver restart keeps about
+2 KB of malloc'd memory, a kube-apiserver restart about 10 KB, a flood none, while the
+free heap glibc keeps (``fordblks``) swings by up to 2 MB around a burst and shrinks
+again. This stays as a cheap bound on that free heap, nothing more.
 
 :class:`Trimmer` calls it every ``interval`` seconds on a worker thread (it takes glibc's
 arena locks for a few milliseconds; the event loop keeps turning) and counts the calls

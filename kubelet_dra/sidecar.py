@@ -28,7 +28,8 @@ class Sidecar:
         self.manager = DRAHealthManager(observer, api_client=api_client)
         self.server: metrics.Server | None = None
         self._beat: asyncio.Task[None] | None = None
-        # The soak's RSS steps were freed heap kept by glibc (memtrim's docstring).
+        # A cheap bound on free heap glibc keeps; not a cure for the soak's RSS steps,
+        # which were not that (memtrim's docstring, docs/memory.md).
         self.trimmer = memtrim.Trimmer(
             self.manager.settings.malloc_trim_interval, clock=self.manager.clock
         )
