@@ -212,7 +212,7 @@ def test_beside_a_kubelet_convergence_reads_the_condition() -> None:
 
 
 def test_a_sample_in_which_the_sidecar_sees_a_kubelet_is_a_failure() -> None:
-    # No kubelet runs in the soak: the sidecar leaving a pod to one (or seeing one remove
+    # Without a kubelet in the soak: the sidecar leaving a pod to one (or seeing one remove
     # the field) took its own write for another writer's, which lost the next change.
     rows = [
         {"t": 1.0, "kubelet_owned": 0.0, "kubelet_removes": 0.0},
