@@ -17,6 +17,12 @@ again. This stays as a cheap bound on that free heap, nothing more.
 arena locks for a few milliseconds; the event loop keeps turning) and counts the calls
 and the bytes of RSS each gave back, for ``/metrics``. Not glibc (musl, macOS), or
 ``interval`` 0: it does nothing. Time is injected (``clock``).
+
+Its collector also exports glibc's own account of the heap at each scrape
+(``mallinfo2()``, glibc 2.33 and later; nothing where it is absent): the bytes malloc
+has handed out and not had back (``uordblks`` + ``hblkhd``) and the free bytes it keeps
+in its heaps (``fordblks``). An RSS that steps up with the second flat is memory in use;
+with the first flat, it is free heap (``docs/memory.md``).
 """
 
 from __future__ import annotations
@@ -57,6 +63,41 @@ def glibc_trim() -> Callable[[], int] | None:
     return lambda: int(trim(0))
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (``malloc.h``): ten ``size_t`` fields in this order."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+MallocState = Callable[[], tuple[int, int]]
+"""Returns glibc's (bytes in use, free bytes kept in the heaps)."""
+
+
+def glibc_mallinfo() -> MallocState | None:
+    """``mallinfo2()`` of this process's glibc as (in use, free), or None where there is
+    none (not glibc, or glibc before 2.33, whose ``mallinfo`` wraps at 4 GiB)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.argtypes = []
+    mallinfo2.restype = _MallInfo2
+
+    def state() -> tuple[int, int]:
+        info = mallinfo2()
+        # In use: blocks in the heaps plus chunks malloc mmapped on their own.
+        return int(info.uordblks) + int(info.hblkhd), int(info.fordblks)
+
+    return state
+
+
 class Trimmer:
     """Calls ``trim`` every ``interval`` seconds; counts the calls and the RSS given back."""
 
@@ -67,11 +108,13 @@ class Trimmer:
         clock: clock_mod.Clock,
         trim: Callable[[], int] | None = None,
         rss: Callable[[], int] = rss_bytes,
+        mallinfo: MallocState | None = None,
     ) -> None:
         self.interval = interval
         self._clock = clock
         self._trim = trim if trim is not None else glibc_trim()
         self._rss = rss
+        self._mallinfo = mallinfo if mallinfo is not None else glibc_mallinfo()
         self.trims = 0
         self.released_bytes = 0
 
@@ -101,7 +144,7 @@ class Trimmer:
             await asyncio.to_thread(self.trim_once)
 
     def collector(self) -> registry.Collector:
-        """The two counters, for a metrics registry."""
+        """The two counters and glibc's two heap gauges, for a metrics registry."""
         return _Collector(self)
 
 
@@ -121,3 +164,19 @@ class _Collector(registry.Collector):
         released.add_metric([], self._trimmer.released_bytes)
         yield trims
         yield released
+        if self._trimmer._mallinfo is None:
+            return
+        in_use, free = self._trimmer._mallinfo()
+        used = core.GaugeMetricFamily(
+            "kubelet_dra_malloc_in_use_bytes",
+            "Bytes glibc malloc has handed out and not had back (mallinfo2 uordblks + hblkhd).",
+        )
+        used.add_metric([], in_use)
+        kept = core.GaugeMetricFamily(
+            "kubelet_dra_malloc_free_bytes",
+            "Free bytes glibc malloc keeps in its heaps, not given back to the OS "
+            "(mallinfo2 fordblks).",
+        )
+        kept.add_metric([], free)
+        yield used
+        yield kept

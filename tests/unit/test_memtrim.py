@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest, parser
 
 from kubelet_dra import clock, memtrim
 from kubelet_dra.testing import eventually
@@ -71,3 +71,38 @@ def test_glibcs_trim_gives_back_what_a_burst_freed() -> None:
     released = trimmer.trim_once()
     assert released > 50_000_000, released
     assert len(kept) == 625
+
+
+def _exported(trimmer: memtrim.Trimmer) -> str:
+    registry = CollectorRegistry()
+    registry.register(trimmer.collector())
+    return generate_latest(registry).decode()
+
+
+def test_glibcs_heap_gauges_are_exported_where_mallinfo2_exists() -> None:
+    fake = memtrim.Trimmer(60, clock=clock.FakeClock(), trim=lambda: 1, mallinfo=lambda: (7, 3))
+    text = _exported(fake)
+    assert "kubelet_dra_malloc_in_use_bytes 7.0" in text
+    assert "kubelet_dra_malloc_free_bytes 3.0" in text
+    absent = memtrim.Trimmer(60, clock=clock.FakeClock(), trim=lambda: 1)
+    absent._mallinfo = None  # as on musl or glibc < 2.33: glibc_mallinfo() found nothing
+    text = _exported(absent)
+    assert "malloc_in_use_bytes" not in text and "malloc_free_bytes" not in text
+    assert "kubelet_dra_malloc_trims_total" in text  # the counters stay
+
+
+def test_glibcs_heap_gauges_read_the_real_mallinfo2() -> None:
+    # This machine's glibc (>= 2.33): a live 4 MB of blocks below mmap's size is in use.
+    state = memtrim.glibc_mallinfo()
+    assert state is not None, "this test runs on glibc 2.33 or later"
+    in_use, free = state()
+    blocks = [bytearray(4000) for _ in range(1000)]
+    grown, _ = state()
+    assert grown - in_use >= 3_900_000, (in_use, grown)
+    assert free >= 0 and len(blocks) == 1000
+    text = _exported(memtrim.Trimmer(60, clock=clock.FakeClock()))
+    families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    for name in ("kubelet_dra_malloc_in_use_bytes", "kubelet_dra_malloc_free_bytes"):
+        assert families[name].type == "gauge"
+        assert families[name].samples[0].value >= 0
+    assert families["kubelet_dra_malloc_in_use_bytes"].samples[0].value > 1_000_000
