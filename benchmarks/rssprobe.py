@@ -14,7 +14,10 @@ allocator (``pyarenas``: its 1 MiB arenas, mmapped outside malloc;
 ``tracemalloc``'s traced total, and after the warm-up events prints the median
 growth per event and the least-squares slope of each. ``--trim`` calls
 ``malloc_trim(0)`` before every sample (what ``kubelet_dra.memtrim`` does every
-60 s), so what stays is not whole free pages.
+60 s), so what stays is not whole free pages. ``--mmap-threshold BYTES`` /
+``--trim-threshold BYTES`` call ``mallopt(M_MMAP_THRESHOLD / M_TRIM_THRESHOLD)`` first,
+which turns off glibc's dynamic adjustment of both; at the end the probe prints the mmap
+threshold found by trial (:func:`mmap_threshold`).
 
 Kinds, each isolating one thing the soak does:
 
@@ -162,6 +165,30 @@ def pymalloc() -> dict[str, int]:
     return found
 
 
+def mmap_threshold() -> int:
+    """glibc's mmap threshold now, found by trial: the smallest power of two from 64 KiB to
+    64 MiB that ``malloc`` serves with its own ``mmap`` (``hblkhd`` grows), 0 if none.
+    glibc raises it (up to 32 MiB) when an mmapped chunk bigger than it is freed, unless
+    ``M_MMAP_THRESHOLD`` was set; this shows where it ended up. An upper bound: glibc
+    mmaps only what its free heap (top included) cannot serve, and the trial's own
+    freed chunk raises the dynamic threshold to its size."""
+    if LIBC is None:
+        return 0
+    LIBC.malloc.restype = ctypes.c_void_p
+    LIBC.malloc.argtypes = [ctypes.c_size_t]
+    LIBC.free.argtypes = [ctypes.c_void_p]
+    size = 64 * 1024
+    while size <= 64 * 1024 * 1024:
+        before = LIBC.mallinfo2().hblkhd
+        block = LIBC.malloc(size - 64)
+        mapped = LIBC.mallinfo2().hblkhd > before
+        LIBC.free(block)
+        if mapped:
+            return size
+        size *= 2
+    return 0
+
+
 def sample(*, trim: bool) -> dict[str, int]:
     gc.collect()
     if trim and LIBC is not None:
@@ -199,6 +226,7 @@ def summarize(samples: list[dict[str, int]], warmup: int) -> dict[str, dict[str,
             "median_step": statistics.median(steps) if steps else 0.0,
             "slope": slope(series),
             "total": float(series[-1] - series[0]),
+            "range": float(max(series) - min(series)),
         }
     return out
 
@@ -206,12 +234,12 @@ def summarize(samples: list[dict[str, int]], warmup: int) -> dict[str, dict[str,
 def print_summary(kind: str, ns: argparse.Namespace, summary: dict[str, dict[str, float]]) -> None:
     counted = ns.events - ns.warmup
     print(f"\n{kind}: {counted} events after {ns.warmup} warm-up (trim={ns.trim})")
-    print("| field | median step (kB/event) | slope (kB/event) | total (kB) |")
-    print("|---|---:|---:|---:|")
+    print("| field | median step (kB/event) | slope (kB/event) | total (kB) | max-min (kB) |")
+    print("|---|---:|---:|---:|---:|")
     for field, row in summary.items():
         print(
             f"| {field} | {row['median_step'] / 1024:.1f} | {row['slope'] / 1024:.2f} "
-            f"| {row['total'] / 1024:.0f} |"
+            f"| {row['total'] / 1024:.0f} | {row['range'] / 1024:.0f} |"
         )
 
 
@@ -617,6 +645,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=2,
         help="mallopt(M_ARENA_MAX) first, as the sidecar does (default 2; 0: glibc's own)",
     )
+    parser.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=0,
+        help="mallopt(M_MMAP_THRESHOLD) first (bytes; default 0: glibc's dynamic threshold)",
+    )
+    parser.add_argument(
+        "--trim-threshold",
+        type=int,
+        default=0,
+        help="mallopt(M_TRIM_THRESHOLD) first (bytes; default 0: glibc's dynamic threshold)",
+    )
     parser.add_argument("--json", help="write the samples and the summary to this file")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every sample")
     ns = parser.parse_args(argv)
@@ -629,9 +669,18 @@ def main(argv: list[str] | None = None) -> int:
     ns = parse(argv)
     if ns.arena_max and LIBC is not None and "MALLOC_ARENA_MAX" not in os.environ:
         LIBC.mallopt(-8, ns.arena_max)  # M_ARENA_MAX, as kubelet_dra.cli does
+    if ns.mmap_threshold and LIBC is not None:
+        LIBC.mallopt(-3, ns.mmap_threshold)  # M_MMAP_THRESHOLD: no dynamic adjustment
+    if ns.trim_threshold and LIBC is not None:
+        LIBC.mallopt(-1, ns.trim_threshold)  # M_TRIM_THRESHOLD
+    started = time.monotonic(), time.process_time()
     samples = asyncio.run(run(ns))
+    # Only at the end: the trial frees an mmapped chunk, which itself raises the threshold.
+    print(f"mmap threshold (by trial) at the end: {mmap_threshold() >> 10} KiB")
     summary = summarize(samples, ns.warmup)
     print_summary(ns.kind, ns, summary)
+    wall, cpu = time.monotonic() - started[0], time.process_time() - started[1]
+    print(f"\nwall {wall:.1f} s, CPU of this process {cpu:.1f} s")
     if ns.json:
         out = {"kind": ns.kind, "args": vars(ns), "samples": samples, "summary": summary}
         pathlib.Path(ns.json).write_text(json.dumps(out, indent=1) + "\n")
