@@ -20,6 +20,7 @@ from . import _schedule as plan
 
 PANELS = (
     ("rss_mb", "RSS (MiB)"),
+    ("malloc_in_use_mb", "malloc in use (MiB)"),
     ("fds", "open fds"),
     ("tasks", "asyncio tasks"),
     ("threads", "threads"),
@@ -34,6 +35,7 @@ COLOURS = {
     "apiserver": "tab:purple",
     "proxy": "tab:blue",
     "disk": "tab:brown",
+    "kubelet": "tab:green",
 }
 
 
@@ -64,7 +66,7 @@ def draw(
 
 
 def _lanes(ax: Any, faults: Sequence[dict[str, Any]]) -> None:
-    names = plan.part_names()
+    names = plan.part_names(kubelet=any(f["part"] == "kubelet" for f in faults))
     for fault in faults:
         lane = names.index(fault["part"])
         colour = COLOURS[fault["part"].split("-")[0]]

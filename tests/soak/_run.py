@@ -55,6 +55,8 @@ SCRAPED = (
     "kubelet_dra_pending_pods",
     "kubelet_dra_kubelet_owned_pods",
     "kubelet_dra_kubelet_removes_field",
+    "kubelet_dra_malloc_in_use_bytes",
+    "kubelet_dra_malloc_free_bytes",
 )
 #: Pushes of the current report per flood tick, and ticks a second.
 FLOOD_BATCH, FLOOD_TICKS = 50, 10
@@ -476,6 +478,11 @@ class Soak:
         row["pending"] = found.get("kubelet_dra_pending_pods")
         row["kubelet_owned"] = found.get("kubelet_dra_kubelet_owned_pods")
         row["kubelet_removes"] = found.get("kubelet_dra_kubelet_removes_field")
+        # glibc's split of the heap (memtrim's gauges): an RSS step with "in use" flat is
+        # free heap glibc keeps, not memory the sidecar holds.
+        for name in ("in_use", "free"):
+            value = found.get(f"kubelet_dra_malloc_{name}_bytes")
+            row[f"malloc_{name}_mb"] = None if value is None else value / 2**20
         with contextlib.suppress(OSError):
             sizes = self.disk.state_bytes()
             row["state_bytes"] = sizes["total"]

@@ -234,4 +234,4 @@ def test_rss_given_back_passes_and_rss_that_grows_or_counts_that_fall_fail() -> 
     assert not report._resource(61.0, 60.0, upper_only=True)["ok"]
     assert not report._resource(None, 60.0, upper_only=True)["ok"]
     assert not report._resource(-11.0, 10.0)["ok"]  # fds, tasks, threads: both ways
-    assert {"rss_mb"} == report.UPPER_ONLY
+    assert {"rss_mb", "malloc_in_use_mb"} == report.UPPER_ONLY
