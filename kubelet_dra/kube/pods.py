@@ -78,6 +78,17 @@ class NodePods:
         """Every claim the node's pods reference has been read at least once."""
         return self.pods_synced and self._index.referenced_claims() <= self._fetched
 
+    @property
+    def claims_fetching(self) -> frozenset[claims.ClaimKey]:
+        """Claims still being read again: absent or not allocated at their last GET.
+
+        ``claims_synced`` counts a claim once read, even when that GET answered 404 or
+        an unallocated claim (a pod may reference a claim that never comes); its
+        reads go on, with backoff, until it is allocated. A caller that knows the claim
+        is there now (a test's API stand-in) waits for this to drop it.
+        """
+        return frozenset(self._claim_tasks)
+
     def get(self, uid: str) -> Obj | None:
         """The node's pod with this UID as last listed or watched, or ``None``."""
         return self._pods.get(uid)

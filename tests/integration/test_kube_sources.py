@@ -68,9 +68,15 @@ async def test_unallocated_claim_is_read_again_until_allocated() -> None:
         t.server.create_claim(claim)
         pod = t.server.create_pod(fakeapi.make_pod("p1", claims=[fakeapi.PodClaim("gpu", "late")]))
         await eventually(lambda: t.server.count("GET", r"/resourceclaims/late$") >= 1)
+        # Read once, so synced; still read again, and said so (the conformance runner's
+        # sidecar waits on it: generated-84 compared a pod before the claim's next GET).
+        late = claims.ClaimKey("default", "late")
+        await eventually(lambda: t.pods.claims_synced)
+        assert t.pods.claims_fetching == {late}
         t.server.set_claim_status("default", "late", {"allocation": allocation})
         uid = pod["metadata"]["uid"]
         await eventually(lambda: bool(t.index.devices_of_pod(uid)))
+        await eventually(lambda: not t.pods.claims_fetching)
 
 
 async def test_deleted_pod_leaves_the_index_and_its_claims() -> None:
