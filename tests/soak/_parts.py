@@ -270,8 +270,28 @@ def proc_stats(pid: int) -> dict[str, float] | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    rss_kib = float(fields.get("VmRSS", "0 kB").split()[0])
-    return {"rss_mb": rss_kib / 1024, "threads": float(fields["Threads"]), "fds": float(fds)}
+
+    def mib(name: str) -> float:
+        return float(fields.get(name, "0 kB").split()[0]) / 1024
+
+    return {
+        "rss_mb": mib("VmRSS"),
+        # The RSS's parts: anonymous memory (malloc's heaps, CPython's arenas, thread
+        # stacks) and pages of files (the interpreter's and the libraries' code, mapped
+        # on first use), so that a step can be told apart (docs/memory.md).
+        "rss_anon_mb": mib("RssAnon"),
+        "rss_file_mb": mib("RssFile") + mib("RssShmem"),
+        "threads": float(fields["Threads"]),
+        "fds": float(fds),
+    }
+
+
+def smaps(pid: int) -> str | None:
+    """``/proc/<pid>/smaps`` (every mapping with its resident size), or ``None``."""
+    try:
+        return Path(f"/proc/{pid}/smaps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 #: Kubelet lines the soak can run beside (both know the message gate, added in 1.36).

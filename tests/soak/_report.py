@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 LIFE_WARMUP = 120.0
 SERIES = ("rss_mb", "malloc_in_use_mb", "fds", "tasks", "threads", "state_mb")
+#: Fitted the same way and reported, with no bound of their own: the RSS's parts
+#: (anonymous memory and pages of files) and glibc's free heap, which say where an RSS
+#: slope comes from.
+PARTS = ("rss_anon_mb", "rss_file_mb", "malloc_free_mb")
 #: The most the state file's WAL may hold. SQLite checkpoints it at 1,000 pages
 #: (``wal_autocheckpoint``) and reuses the file rather than shrinking it, so its size
 #: climbs to a plateau and stays: a slope through that climb is no leak (the hour's run
@@ -69,7 +73,7 @@ def settle(minutes: float) -> float:
 def slopes(soak: Soak) -> dict[str, float | None]:
     starts = soak.world.sidecar_starts
     skip = settle(soak.opts.minutes)
-    series: dict[str, list[tuple[int, float, float]]] = {name: [] for name in SERIES}
+    series: dict[str, list[tuple[int, float, float]]] = {name: [] for name in SERIES + PARTS}
     for row in soak.samples:
         life = int(row["life"])
         born = starts[life - 1] - soak.t0 if 0 < life <= len(starts) else 0.0
@@ -79,9 +83,9 @@ def slopes(soak: Soak) -> dict[str, float | None]:
         # The main file alone: the WAL is held to WAL_CAP instead (see there).
         if row.get("state_db_bytes") is not None:
             values["state_mb"] = row["state_db_bytes"] / 2**20
-        for name in SERIES:
+        for name, points in series.items():
             if values.get(name) is not None:
-                series[name].append((life, float(row["t"]), float(values[name])))
+                points.append((life, float(row["t"]), float(values[name])))
     out = {}
     for name, points in series.items():
         slope = checks.pooled_slope(points)
@@ -133,6 +137,9 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
         "unknown_blips": blips,
         "refused_invalid": refused,
         "resources": resources,
+        "rss_parts_slope_per_hour": {
+            name: None if (value := fitted[name]) is None else round(value, 3) for name in PARTS
+        },
         "peaks": _peaks(soak.samples),
         "harness_errors": soak.errors + [f"proxy: {e}" for e in soak.proxy.errors],
         "phantom_kubelet": phantom[:5],
@@ -223,8 +230,8 @@ def _fault_counts(soak: Soak) -> dict[str, int]:
 
 def _peaks(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    names = ("rss_mb", "malloc_in_use_mb", "malloc_free_mb", "fds", "tasks", "threads",
-             "state_bytes", "state_db_bytes", "wal_bytes")  # fmt: skip
+    names = ("rss_mb", "rss_anon_mb", "rss_file_mb", "malloc_in_use_mb", "malloc_free_mb",
+             "fds", "tasks", "threads", "state_bytes", "state_db_bytes", "wal_bytes")  # fmt: skip
     for name in (*names, "pending", "wrong"):
         values = [r[name] for r in samples if r.get(name) is not None]
         out[name] = {"min": min(values), "max": max(values)} if values else None
@@ -273,6 +280,7 @@ def table(summary: dict[str, Any]) -> str:
         f"| writes refused as invalid | {len(summary['refused_invalid'])} "
         f"(and {summary['patch_tests_failed']} JSON patches whose `test` failed: conflicts) |",
         f"| RSS slope | {slope('rss_mb', 'MB')} (range {span('rss_mb', '{:.1f}')} MB) |",
+        f"| RSS slope by part (not judged) | {_parts_row(summary)} |",
         f"| malloc in use slope | {slope('malloc_in_use_mb', 'MB')} "
         f"(range {span('malloc_in_use_mb', '{:.1f}')} MB; free heap "
         f"{span('malloc_free_mb', '{:.1f}')} MB) |",
@@ -287,6 +295,16 @@ def table(summary: dict[str, Any]) -> str:
         f"| verdict | {'PASS' if summary['ok'] else 'FAIL'} |",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _parts_row(summary: dict[str, Any]) -> str:
+    fitted = summary.get("rss_parts_slope_per_hour") or {}
+    names = {"rss_anon_mb": "anonymous", "rss_file_mb": "files",
+             "malloc_free_mb": "of which glibc's free heap"}  # fmt: skip
+    return "; ".join(
+        f"{label} {'n/a' if fitted.get(name) is None else format(fitted[name], '+.2f')} MB/h"
+        for name, label in names.items()
+    )
 
 
 def _kubelet_rows(summary: dict[str, Any]) -> list[str]:
@@ -316,6 +334,8 @@ def _write(soak: Soak, summary: dict[str, Any]) -> None:
         "t",
         "life",
         "rss_mb",
+        "rss_anon_mb",
+        "rss_file_mb",
         "malloc_in_use_mb",
         "malloc_free_mb",
         "fds",

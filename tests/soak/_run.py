@@ -60,6 +60,8 @@ SCRAPED = (
 )
 #: Pushes of the current report per flood tick, and ticks a second.
 FLOOD_BATCH, FLOOD_TICKS = 50, 10
+#: Seconds between snapshots of the sidecar's ``/proc/<pid>/smaps``.
+SMAPS_EVERY = 60.0
 
 
 @dataclasses.dataclass
@@ -103,6 +105,7 @@ class Soak:
         self.events: list[dict[str, Any]] = []
         self.t0 = 0.0
         self._stop = threading.Event()
+        self._next_smaps = 0.0
         self._exit = contextlib.ExitStack()
 
     # -- set-up --------------------------------------------------------------------------
@@ -473,6 +476,9 @@ class Soak:
         pid = self.sidecar.pid
         stats = parts.proc_stats(pid) if pid else None
         row.update(stats or {})
+        if pid and now >= self._next_smaps:
+            self._next_smaps = now + SMAPS_EVERY
+            self._keep_smaps(pid, row)
         found = self.scrape()
         row["tasks"] = found.get("kubelet_dra_event_loop_tasks")
         row["pending"] = found.get("kubelet_dra_pending_pods")
@@ -489,6 +495,17 @@ class Soak:
             row["state_db_bytes"], row["wal_bytes"] = sizes["db"], sizes["wal"]
         row["writes"] = len(self.proxy.writes)
         self.samples.append(row)
+
+    def _keep_smaps(self, pid: int, row: dict[str, Any]) -> None:
+        """The sidecar's mappings now, to ``smaps/<life>-<t>.txt``: which mapping an RSS
+        step landed in (a malloc heap, CPython's arenas, a thread stack, a library's code)
+        is read from two of them (``python -m tests.soak.smapsdiff A B``)."""
+        text = parts.smaps(pid)
+        if text is None:
+            return
+        folder = self.opts.out / "smaps"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{row['life']}-{int(row['t']):05d}.txt").write_text(text)
 
     def _kubelet_unknown(self, pods: dict[str, dict[str, Any]], now: float) -> int:
         """Pods whose kubelet-written field shows their device Unknown while its lease

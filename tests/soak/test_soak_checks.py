@@ -235,3 +235,51 @@ def test_rss_given_back_passes_and_rss_that_grows_or_counts_that_fall_fail() -> 
     assert not report._resource(None, 60.0, upper_only=True)["ok"]
     assert not report._resource(-11.0, 10.0)["ok"]  # fds, tasks, threads: both ways
     assert {"rss_mb", "malloc_in_use_mb"} == report.UPPER_ONLY
+
+
+_SMAPS = """\
+55d0c0000000-55d0c0400000 rw-p 00000000 00:00 0                          [heap]
+Rss:                1024 kB
+7f0000000000-7f0000100000 rw-p 00000000 00:00 0
+Rss:                 512 kB
+7f0000100000-7f0004000000 ---p 00000000 00:00 0
+Rss:                   0 kB
+7f1000000000-7f1000001000 ---p 00000000 00:00 0
+Rss:                   0 kB
+7f1000001000-7f1000801000 rw-p 00000000 00:00 0
+Rss:                  {stack} kB
+7f2000000000-7f2000200000 rw-p 00000000 00:00 0
+Rss:                {arenas} kB
+7f3000000000-7f3000100000 r-xp 00000000 fd:01 42                         /usr/lib/libgrpc.so.1
+Rss:                 {code} kB
+"""
+
+
+def test_smapsdiff_puts_each_mapping_in_its_kind_and_says_which_grew() -> None:
+    from tests.soak import smapsdiff
+
+    before = smapsdiff.parse(_SMAPS.format(stack=8, arenas=1024, code=100))
+    after = smapsdiff.parse(_SMAPS.format(stack=8, arenas=2048, code=612))
+    assert [m.kind for m in before] == [
+        "malloc main heap", "malloc thread arena", "guards and reservations",
+        "guards and reservations", "thread stack", "other anonymous", "libraries",
+    ]  # fmt: skip
+    assert smapsdiff.by_kind(before)["thread stack"] == 8
+    text = smapsdiff.report(before, after)
+    assert "| other anonymous | 1024 | 2048 | +1024 |" in text
+    assert "| libraries | 100 | 612 | +512 |" in text
+    assert "| total | 2668 | 4204 | +1536 |" in text
+    # The mappings that grew, most first; the ones that did not are not listed.
+    listed = [line.split("|")[1].strip() for line in text.split("\n\n")[1].splitlines()[2:]]
+    assert listed == ["7f2000000000", "libgrpc.so.1"]
+
+
+def test_the_sidecar_s_rss_is_sampled_with_its_anonymous_and_file_parts() -> None:
+    import os
+
+    stats = parts.proc_stats(os.getpid())
+    assert stats is not None
+    assert stats["rss_anon_mb"] > 0 and stats["rss_file_mb"] > 0
+    assert abs(stats["rss_anon_mb"] + stats["rss_file_mb"] - stats["rss_mb"]) < 1.0
+    text = parts.smaps(os.getpid())
+    assert text is not None and "[stack]" in text
