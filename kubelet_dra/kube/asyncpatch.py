@@ -56,6 +56,14 @@ in etcd, so a bigger body is a server or proxy gone wrong, not a pod to keep in 
 _READ_SIZE = 64 * 1024
 MAX_IDLE = 8
 """Idle connections kept (the writer sends at most ``write_concurrency`` at once)."""
+IDLE_TIMEOUT = 90.0
+"""Seconds an idle connection is kept before it is closed: client-go's (its transport takes
+``IdleConnTimeout`` from Go's ``http.DefaultTransport``, 90 s). Each TLS connection holds
+asyncio's 256 KiB read buffer (``asyncio.sslproto``) and OpenSSL's state, about 280 KB;
+without a timeout a burst of concurrent writes (a 429 window, a relist) left up to
+:data:`MAX_IDLE` of them open for the process's life, the 1.7 MB RSS steps of the soak
+(``docs/memory.md``). The most recently used connection is taken first, so the extra ones
+age out while a steady trickle of writes keeps one warm."""
 
 
 class TransportError(Exception):
@@ -76,6 +84,7 @@ class Answer:
 class _Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    parked: float = 0.0  # when it last went idle (the transport's clock)
     http: h11.Connection = dataclasses.field(
         default_factory=lambda: h11.Connection(
             h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES
@@ -129,11 +138,16 @@ class Transport:
         *,
         timeout: tuple[float, float],
         clock: Callable[[], float] | None = None,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self._endpoint = endpoint
         self._make_headers = headers
         self._connect_timeout, self._read_timeout = timeout
-        self._idle: list[_Conn] = []
+        self.idle_timeout = idle_timeout
+        self._idle: list[_Conn] = []  # oldest first: the last one is taken next
+        self._sweep: asyncio.TimerHandle | None = None
+        self.opened = 0  # connections made
+        self.closed_idle = 0  # idle connections closed after idle_timeout
         self._auth: dict[str, tuple[float, dict[str, str]]] = {}  # by content type
         self._now = clock or (lambda: asyncio.get_running_loop().time())
         netloc = endpoint.host if ":" not in endpoint.host else f"[{endpoint.host}]"
@@ -174,8 +188,27 @@ class Transport:
             answer = await self._send(method, path, query, body, headers)
         return answer
 
+    @property
+    def idle(self) -> int:
+        """Idle connections kept now."""
+        return len(self._idle)
+
+    def close_expired(self) -> int:
+        """Close the connections idle for ``idle_timeout`` or longer; how many."""
+        now = self._now()
+        expired = [c for c in self._idle if now - c.parked >= self.idle_timeout]
+        if expired:
+            self._idle = [c for c in self._idle if now - c.parked < self.idle_timeout]
+            for conn in expired:
+                conn.close()
+            self.closed_idle += len(expired)
+        return len(expired)
+
     async def aclose(self) -> None:
         """Close the idle connections."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
@@ -224,10 +257,28 @@ class Transport:
         if not conn.reusable() or len(self._idle) >= MAX_IDLE:
             conn.close()
         else:
-            self._idle.append(conn)
+            self._park(conn)
         return answer
 
+    def _park(self, conn: _Conn) -> None:
+        conn.parked = self._now()
+        self._idle.append(conn)
+        if self._sweep is None:
+            # With no request coming, nothing else would close them: a timer does.
+            self._sweep = asyncio.get_running_loop().call_later(self.idle_timeout, self._swept)
+
+    def _swept(self) -> None:
+        self._sweep = None
+        self.close_expired()
+        if self._idle:
+            # The oldest left goes idle_timeout after it was parked; the clock may be a
+            # test's, so never sooner than a second from now.
+            due = self._idle[0].parked + self.idle_timeout - self._now()
+            loop = asyncio.get_running_loop()
+            self._sweep = loop.call_later(max(1.0, due), self._swept)
+
     async def _take(self) -> tuple[_Conn, bool]:
+        self.close_expired()
         while self._idle:
             conn = self._idle.pop()
             if conn.usable():
@@ -249,6 +300,7 @@ class Transport:
         sock = writer.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.opened += 1
         return _Conn(reader, writer)
 
     async def _exchange(self, conn: _Conn, request: h11.Request, body: bytes) -> Answer:

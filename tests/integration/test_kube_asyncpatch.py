@@ -22,7 +22,7 @@ import pytest
 from kubelet_dra import errors
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import asyncpatch
-from kubelet_dra.testing import fakeapi
+from kubelet_dra.testing import eventually, fakeapi
 
 STATUS = r"/pods/p1/status$"
 
@@ -162,6 +162,7 @@ class Scripted:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.connections = 0
+        self.ended = 0  # connections the client closed
         self.heads: list[bytes] = []
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
@@ -183,11 +184,11 @@ class Scripted:
         return int(self._server.sockets[0].getsockname()[1])
 
     def transport(
-        self, headers: Callable[[], dict[str, str]] | None = None
+        self, headers: Callable[[], dict[str, str]] | None = None, **kwargs: Any
     ) -> asyncpatch.Transport:
         endpoint = asyncpatch.Endpoint("127.0.0.1", self.port, None, None, "")
         make = headers or (lambda: {"Authorization": "Bearer t"})
-        return asyncpatch.Transport(endpoint, lambda *_: make(), timeout=(1.0, 0.2))
+        return asyncpatch.Transport(endpoint, lambda *_: make(), timeout=(1.0, 0.2), **kwargs)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -207,6 +208,7 @@ class Scripted:
                     writer.close()
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
+            self.ended += 1
             writer.close()
 
 
@@ -339,3 +341,63 @@ async def test_a_body_over_the_cap_is_a_clear_error_and_the_next_request_works(
         finally:
             await transport.aclose()
     assert scripted.connections == 2
+
+
+def _answer_when(count: int) -> tuple[Handler, asyncio.Event]:
+    """A handler that holds every answer until ``count`` requests have arrived: that
+    many requests in flight at once, each on a connection of its own."""
+    arrived = asyncio.Event()
+    seen = 0
+
+    async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        nonlocal seen
+        seen += 1
+        if seen >= count:
+            arrived.set()
+        await arrived.wait()
+        writer.write(_answer("200 OK", b"{}", "Content-Length: 2"))
+        return True
+
+    return handler, arrived
+
+
+async def test_connections_idle_past_the_idle_timeout_are_closed_the_newest_kept() -> None:
+    # A burst of 4 concurrent writes leaves 4 connections, each holding asyncio's 256 KiB
+    # TLS read buffer in production: they must not stay for the process's life.
+    now = [0.0]
+    handler, _ = _answer_when(4)
+    async with Scripted(handler) as scripted:
+        transport = scripted.transport(clock=lambda: now[0], idle_timeout=90.0)
+        try:
+            await asyncio.gather(*(_request(transport) for _ in range(4)))
+            assert (transport.idle, transport.opened, transport.closed_idle) == (4, 4, 0)
+            now[0] = 89.0  # one write: the newest connection is reused, none expired
+            await _request(transport)
+            assert (transport.idle, transport.opened, transport.closed_idle) == (4, 4, 0)
+            now[0] = 100.0  # three idle since 0, one since 89: the three are closed
+            await _request(transport)
+            assert (transport.idle, transport.opened, transport.closed_idle) == (1, 4, 3)
+            await eventually(lambda: scripted.ended == 3)
+            assert scripted.connections == 4  # the write went on the kept one
+            now[0] = 189.9  # parked again at 100: not yet
+            assert transport.close_expired() == 0
+            now[0] = 190.0
+            assert transport.close_expired() == 1 and transport.idle == 0
+        finally:
+            await transport.aclose()
+
+
+async def test_idle_connections_are_closed_by_a_timer_when_no_write_comes() -> None:
+    # A node whose devices stop changing sends nothing more: the timer closes the pool.
+    handler, _ = _answer_when(3)
+    async with Scripted(handler) as scripted:
+        transport = scripted.transport(idle_timeout=0.05)
+        try:
+            await asyncio.gather(*(_request(transport) for _ in range(3)))
+            await eventually(lambda: transport.idle == 0 and scripted.ended == 3)
+            assert transport.closed_idle == 3
+            # And the pool works after it: a new connection.
+            assert (await _request(transport)).status == 200
+            assert transport.opened == 4
+        finally:
+            await transport.aclose()
