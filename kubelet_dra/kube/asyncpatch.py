@@ -196,13 +196,13 @@ class Transport:
     def close_expired(self) -> int:
         """Close the connections idle for ``idle_timeout`` or longer; how many."""
         now = self._now()
-        expired = [c for c in self._idle if now - c.parked >= self.idle_timeout]
-        if expired:
-            self._idle = [c for c in self._idle if now - c.parked < self.idle_timeout]
-            for conn in expired:
-                conn.close()
-            self.closed_idle += len(expired)
-        return len(expired)
+        expired = 0
+        # Oldest first (parked in order, taken from the end): the expired are a prefix.
+        while self._idle and now - self._idle[0].parked >= self.idle_timeout:
+            self._idle.pop(0).close()
+            expired += 1
+        self.closed_idle += expired
+        return expired
 
     async def aclose(self) -> None:
         """Close the idle connections."""

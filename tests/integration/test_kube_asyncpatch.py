@@ -343,7 +343,7 @@ async def test_a_body_over_the_cap_is_a_clear_error_and_the_next_request_works(
     assert scripted.connections == 2
 
 
-def _answer_when(count: int) -> tuple[Handler, asyncio.Event]:
+def _answer_when(count: int) -> Handler:
     """A handler that holds every answer until ``count`` requests have arrived: that
     many requests in flight at once, each on a connection of its own."""
     arrived = asyncio.Event()
@@ -358,15 +358,14 @@ def _answer_when(count: int) -> tuple[Handler, asyncio.Event]:
         writer.write(_answer("200 OK", b"{}", "Content-Length: 2"))
         return True
 
-    return handler, arrived
+    return handler
 
 
 async def test_connections_idle_past_the_idle_timeout_are_closed_the_newest_kept() -> None:
     # A burst of 4 concurrent writes leaves 4 connections, each holding asyncio's 256 KiB
     # TLS read buffer in production: they must not stay for the process's life.
     now = [0.0]
-    handler, _ = _answer_when(4)
-    async with Scripted(handler) as scripted:
+    async with Scripted(_answer_when(4)) as scripted:
         transport = scripted.transport(clock=lambda: now[0], idle_timeout=90.0)
         try:
             await asyncio.gather(*(_request(transport) for _ in range(4)))
@@ -389,8 +388,7 @@ async def test_connections_idle_past_the_idle_timeout_are_closed_the_newest_kept
 
 async def test_idle_connections_are_closed_by_a_timer_when_no_write_comes() -> None:
     # A node whose devices stop changing sends nothing more: the timer closes the pool.
-    handler, _ = _answer_when(3)
-    async with Scripted(handler) as scripted:
+    async with Scripted(_answer_when(3)) as scripted:
         transport = scripted.transport(idle_timeout=0.05)
         try:
             await asyncio.gather(*(_request(transport) for _ in range(3)))

@@ -32,7 +32,8 @@ SERIES = ("rss_mb", "malloc_in_use_mb", "fds", "tasks", "threads", "state_mb")
 #: Fitted the same way and reported, with no bound of their own: the RSS's parts
 #: (anonymous memory and pages of files) and glibc's free heap, which say where an RSS
 #: slope comes from.
-PARTS = ("rss_anon_mb", "rss_file_mb", "malloc_free_mb")
+PARTS = {"rss_anon_mb": "anonymous", "rss_file_mb": "files",
+         "malloc_free_mb": "of which glibc's free heap"}  # fmt: skip
 #: The most the state file's WAL may hold. SQLite checkpoints it at 1,000 pages
 #: (``wal_autocheckpoint``) and reuses the file rather than shrinking it, so its size
 #: climbs to a plateau and stays: a slope through that climb is no leak (the hour's run
@@ -73,7 +74,7 @@ def settle(minutes: float) -> float:
 def slopes(soak: Soak) -> dict[str, float | None]:
     starts = soak.world.sidecar_starts
     skip = settle(soak.opts.minutes)
-    series: dict[str, list[tuple[int, float, float]]] = {name: [] for name in SERIES + PARTS}
+    series: dict[str, list[tuple[int, float, float]]] = {name: [] for name in (*SERIES, *PARTS)}
     for row in soak.samples:
         life = int(row["life"])
         born = starts[life - 1] - soak.t0 if 0 < life <= len(starts) else 0.0
@@ -299,11 +300,9 @@ def table(summary: dict[str, Any]) -> str:
 
 def _parts_row(summary: dict[str, Any]) -> str:
     fitted = summary.get("rss_parts_slope_per_hour") or {}
-    names = {"rss_anon_mb": "anonymous", "rss_file_mb": "files",
-             "malloc_free_mb": "of which glibc's free heap"}  # fmt: skip
     return "; ".join(
         f"{label} {'n/a' if fitted.get(name) is None else format(fitted[name], '+.2f')} MB/h"
-        for name, label in names.items()
+        for name, label in PARTS.items()
     )
 
 
