@@ -358,6 +358,12 @@ class StatusWriter:
                     desired = self._desired(state)  # plan again without them
                 continue
             self._accepted(state, plan, answer, desired)
+            if _listing(answer) != _listing(pod):
+                # Listed by another writer (the kubelet starting the containers) after
+                # the version we planned on, and applied before our patch: our ops test
+                # only what they touch, so the answer holds that listing, and the watch
+                # events after it are older than the answer or its echo. Plan again.
+                self.mark_dirty([state.uid])
             return
         self._requeue(state.uid, self._cfg.write_window)
 
@@ -561,6 +567,16 @@ def _take_newer(state: podstate.PodState, pod: Obj) -> None:
     """
     if _rv(pod) >= _rv(state.pod) or not _rv(pod):
         state.pod = pod
+
+
+def _listing(pod: Obj) -> set[tuple[str, str]]:
+    """The container statuses the pod lists, by field and name."""
+    status = podjson.status(pod)
+    return {
+        (field, str(cs.get("name", "")))
+        for field in patchplan.FIELDS
+        for cs in podjson.items(status, field)
+    }
 
 
 def _listed(pod: Obj, desired: podstatus.Desired) -> bool:

@@ -769,10 +769,12 @@ class Run:
                 ordered=ordered, tally=self.tally,
             )  # fmt: skip
             if self.sidecar is not None:
-                self.observed += _compare.compare_status(
+                differs = _compare.compare_status(
                     args.name, name, self.sidecar.status_of(pod), statuses.get(uid) or {},
                     ordered=ordered, tally=self.tally, kind="sidecar",
                 )  # fmt: skip
+                why = self.sidecar.explain(pod) if differs else ""
+                self.observed += [dataclasses.replace(o, detail=why) for o in differs]
         state = (await self._twin_ok("state", self.twin.state())).get("state")
         now = time.time()
         self.observed += _compare.compare_devices(

@@ -156,6 +156,35 @@ class SidecarSide(_ours.Registrations):
                 return False
         return True
 
+    def explain(self, pod: Obj) -> str:
+        """What the sidecar's writer knows of ``pod`` and of the node, for a difference's
+        report: a run that differs once under load must say why (generated-84 and
+        generated-173 on 1.38 showed a pod without entries, nothing more)."""
+        uid = self.server.get_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])[
+            "metadata"
+        ]["uid"]
+        writer, index = self.manager.writer, self.manager.index
+        if writer is None or index is None:
+            return "the sidecar's writer did not start"
+        state = writer.state(str(uid))
+        facts = [
+            f"results {dict(writer.stats.results)}",
+            f"API drops the field {writer.stats.gate_off}, "
+            f"the message {writer.stats.message_gate_off}",
+            f"kubelet removes {writer.kubelet.removes} ({writer.kubelet.removals} removals)",
+            f"devices of the pod {len(index.devices_of_pod(str(uid)))}",
+        ]
+        if state is None:
+            facts.append("the writer does not know the pod")
+        else:
+            written = None if state.written is None else state.written.rv
+            facts.append(
+                f"pod: written at rv {written}, kubelet owned {state.kubelet_owned}, "
+                f"failures {state.failures}, due {state.due}, record {state.record is not None}, "
+                f"rv {state.pod['metadata'].get('resourceVersion')}"
+            )
+        return "; ".join(facts)
+
     def status_of(self, pod: Obj) -> dict[str, Any]:
         """The pod's status as the stand-in holds it."""
         stored = self.server.get_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])

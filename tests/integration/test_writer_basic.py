@@ -111,6 +111,53 @@ async def test_an_answer_older_than_the_watch_never_replaces_the_pod() -> None:
             await t.stop()
 
 
+async def test_an_answer_that_holds_another_writers_change_is_planned_again() -> None:
+    """The other order: the kubelet lists the containers while our write (a change of
+    the condition alone, tested by index and type, not by resourceVersion) is on its
+    way; the server applies our patch on top of that listing, and the answer holds both.
+    The watch events that follow are older than the answer or are its echo, so nothing
+    would mark the pod again: the writer must plan again on the answer, or the field
+    waits for the next health change (the conformance suite's sidecar comparison:
+    generated-173 on 1.38, once in CI under load, a pod without entries)."""
+    with fakeapi.FakeApiServer() as server:
+        t = h.Harness(server, make_settings(tuning=WRITER))
+        claim = server.create_claim(
+            fakeapi.make_claim("p1-gpu", results=[(h.DRV, "pool", "gpu-0", "gpu")])
+        )
+        server.create_pod(
+            fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")])
+        )
+        unlisted = server.update_pod("default", "p1", _without_containers)
+        t.index.set_pod(unlisted)
+        t.index.set_claim(claim)
+        t.writer.pod_updated(unlisted)
+        send = t.api.json_patch_pod_status_async
+
+        async def listed_while_on_its_way(*args: Any, **kwargs: Any) -> Any:
+            if not listed:
+                listed.append(server.update_pod("default", "p1", _with_containers))
+            answer = await send(*args, **kwargs)
+            loop = asyncio.get_running_loop()
+            for version in (listed[0], answer):  # the watch, once the answer is taken
+                loop.call_soon(t.writer.pod_updated, version)
+            return answer
+
+        listed: list[dict[str, Any]] = []
+        task = asyncio.create_task(t.writer.run())
+        try:
+            await eventually(lambda: (t.condition("p1") or {}).get("status") == "Unknown")
+            await h.settled(t)
+            t.api.json_patch_pod_status_async = listed_while_on_its_way  # type: ignore[method-assign]
+            t.report("gpu-0", H.UNHEALTHY, "XID 79")
+            await eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+            assert listed, "the staged listing never happened"
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await t.stop()
+
+
 def _without_containers(pod: dict[str, Any]) -> dict[str, Any]:
     pod["status"].pop("containerStatuses", None)
     pod["status"]["phase"] = "Pending"

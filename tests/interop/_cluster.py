@@ -248,8 +248,12 @@ class SidecarProcess:
         self._reader.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.stop()
+        if exc_type is not None:
+            # A plain assert in the test says nothing of why: the log goes to the
+            # captured stdout pytest prints with the failure.
+            print(f"sidecar log (last 6000 characters):\n{self.log[-6000:]}")
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
