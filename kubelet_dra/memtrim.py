@@ -31,6 +31,7 @@ import asyncio
 import ctypes
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 
 from prometheus_client import core, registry
@@ -75,13 +76,14 @@ class _MallInfo2(ctypes.Structure):
     ]  # fmt: skip
 
 
-MallocState = Callable[[], tuple[int, int]]
-"""Returns glibc's (bytes in use, free bytes kept in the heaps)."""
+MallocState = Callable[[], tuple[int, int, int]]
+"""Returns glibc's (bytes in use, free bytes kept in the heaps, bytes of the chunks it
+mmapped on their own, which are part of the bytes in use)."""
 
 
 def glibc_mallinfo() -> MallocState | None:
-    """``mallinfo2()`` of this process's glibc as (in use, free), or None where there is
-    none (not glibc, or glibc before 2.33, whose ``mallinfo`` wraps at 4 GiB)."""
+    """``mallinfo2()`` of this process's glibc as (in use, free, mmapped), or None where
+    there is none (not glibc, or glibc before 2.33, whose ``mallinfo`` wraps at 4 GiB)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallinfo2 = libc.mallinfo2
@@ -90,10 +92,11 @@ def glibc_mallinfo() -> MallocState | None:
     mallinfo2.argtypes = []
     mallinfo2.restype = _MallInfo2
 
-    def state() -> tuple[int, int]:
+    def state() -> tuple[int, int, int]:
         info = mallinfo2()
         # In use: blocks in the heaps plus chunks malloc mmapped on their own.
-        return int(info.uordblks) + int(info.hblkhd), int(info.fordblks)
+        mmapped = int(info.hblkhd)
+        return int(info.uordblks) + mmapped, int(info.fordblks), mmapped
 
     return state
 
@@ -164,9 +167,16 @@ class _Collector(registry.Collector):
         released.add_metric([], self._trimmer.released_bytes)
         yield trims
         yield released
+        blocks = core.GaugeMetricFamily(
+            "kubelet_dra_python_allocated_blocks",
+            "Memory blocks the Python interpreter has allocated now (sys.getallocatedblocks): "
+            "flat while the RSS's anonymous memory grows is CPython's arenas kept, not objects.",
+        )
+        blocks.add_metric([], sys.getallocatedblocks())
+        yield blocks
         if self._trimmer._mallinfo is None:
             return
-        in_use, free = self._trimmer._mallinfo()
+        in_use, free, mmapped = self._trimmer._mallinfo()
         used = core.GaugeMetricFamily(
             "kubelet_dra_malloc_in_use_bytes",
             "Bytes glibc malloc has handed out and not had back (mallinfo2 uordblks + hblkhd).",
@@ -178,5 +188,12 @@ class _Collector(registry.Collector):
             "(mallinfo2 fordblks).",
         )
         kept.add_metric([], free)
+        own = core.GaugeMetricFamily(
+            "kubelet_dra_malloc_mmapped_bytes",
+            "Bytes of the chunks glibc malloc mmapped on their own, each an anonymous mapping "
+            "of its own (mallinfo2 hblkhd; part of kubelet_dra_malloc_in_use_bytes).",
+        )
+        own.add_metric([], mmapped)
         yield used
         yield kept
+        yield own

@@ -30,10 +30,13 @@ if TYPE_CHECKING:
 LIFE_WARMUP = 120.0
 SERIES = ("rss_mb", "malloc_in_use_mb", "fds", "tasks", "threads", "state_mb")
 #: Fitted the same way and reported, with no bound of their own: the RSS's parts
-#: (anonymous memory and pages of files) and glibc's free heap, which say where an RSS
-#: slope comes from.
+#: (anonymous memory and pages of files), glibc's free heap and its own mmapped chunks,
+#: and CPython's allocated blocks (in thousands), which say where an RSS slope comes
+#: from: anonymous memory up with the blocks flat is CPython's arenas kept, not objects.
 PARTS = {"rss_anon_mb": "anonymous", "rss_file_mb": "files",
-         "malloc_free_mb": "of which glibc's free heap"}  # fmt: skip
+         "malloc_free_mb": "of which glibc's free heap",
+         "malloc_mmapped_mb": "glibc's mmapped chunks",
+         "py_kblocks": "CPython's blocks (thousands)"}  # fmt: skip
 #: The most the state file's WAL may hold. SQLite checkpoints it at 1,000 pages
 #: (``wal_autocheckpoint``) and reuses the file rather than shrinking it, so its size
 #: climbs to a plateau and stays: a slope through that climb is no leak (the hour's run
@@ -232,7 +235,8 @@ def _fault_counts(soak: Soak) -> dict[str, int]:
 def _peaks(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     names = ("rss_mb", "rss_anon_mb", "rss_file_mb", "malloc_in_use_mb", "malloc_free_mb",
-             "fds", "tasks", "threads", "state_bytes", "state_db_bytes", "wal_bytes")  # fmt: skip
+             "malloc_mmapped_mb", "py_kblocks", "fds", "tasks", "threads", "state_bytes",
+             "state_db_bytes", "wal_bytes")  # fmt: skip
     for name in (*names, "pending", "wrong"):
         values = [r[name] for r in samples if r.get(name) is not None]
         out[name] = {"min": min(values), "max": max(values)} if values else None
@@ -337,6 +341,8 @@ def _write(soak: Soak, summary: dict[str, Any]) -> None:
         "rss_file_mb",
         "malloc_in_use_mb",
         "malloc_free_mb",
+        "malloc_mmapped_mb",
+        "py_kblocks",
         "fds",
         "threads",
         "tasks",

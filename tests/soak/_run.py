@@ -57,6 +57,8 @@ SCRAPED = (
     "kubelet_dra_kubelet_removes_field",
     "kubelet_dra_malloc_in_use_bytes",
     "kubelet_dra_malloc_free_bytes",
+    "kubelet_dra_malloc_mmapped_bytes",
+    "kubelet_dra_python_allocated_blocks",
 )
 #: Pushes of the current report per flood tick, and ticks a second.
 FLOOD_BATCH, FLOOD_TICKS = 50, 10
@@ -486,9 +488,11 @@ class Soak:
         row["kubelet_removes"] = found.get("kubelet_dra_kubelet_removes_field")
         # glibc's split of the heap (memtrim's gauges): an RSS step with "in use" flat is
         # free heap glibc keeps, not memory the sidecar holds.
-        for name in ("in_use", "free"):
+        for name in ("in_use", "free", "mmapped"):
             value = found.get(f"kubelet_dra_malloc_{name}_bytes")
             row[f"malloc_{name}_mb"] = None if value is None else value / 2**20
+        blocks = found.get("kubelet_dra_python_allocated_blocks")
+        row["py_kblocks"] = None if blocks is None else blocks / 1000
         with contextlib.suppress(OSError):
             sizes = self.disk.state_bytes()
             row["state_bytes"] = sizes["total"]

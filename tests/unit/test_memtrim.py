@@ -80,29 +80,56 @@ def _exported(trimmer: memtrim.Trimmer) -> str:
 
 
 def test_glibcs_heap_gauges_are_exported_where_mallinfo2_exists() -> None:
-    fake = memtrim.Trimmer(60, clock=clock.FakeClock(), trim=lambda: 1, mallinfo=lambda: (7, 3))
+    fake = memtrim.Trimmer(60, clock=clock.FakeClock(), trim=lambda: 1, mallinfo=lambda: (7, 3, 2))
     text = _exported(fake)
     assert "kubelet_dra_malloc_in_use_bytes 7.0" in text
     assert "kubelet_dra_malloc_free_bytes 3.0" in text
+    assert "kubelet_dra_malloc_mmapped_bytes 2.0" in text
     absent = memtrim.Trimmer(60, clock=clock.FakeClock(), trim=lambda: 1)
     absent._mallinfo = None  # as on musl or glibc < 2.33: glibc_mallinfo() found nothing
     text = _exported(absent)
     assert "malloc_in_use_bytes" not in text and "malloc_free_bytes" not in text
+    assert "malloc_mmapped_bytes" not in text
     assert "kubelet_dra_malloc_trims_total" in text  # the counters stay
+    assert "kubelet_dra_python_allocated_blocks" in text  # CPython's own: everywhere
 
 
 def test_glibcs_heap_gauges_read_the_real_mallinfo2() -> None:
     # This machine's glibc (>= 2.33): a live 4 MB of blocks below mmap's size is in use.
     state = memtrim.glibc_mallinfo()
     assert state is not None, "this test runs on glibc 2.33 or later"
-    in_use, free = state()
+    in_use, free, mmapped = state()
     blocks = [bytearray(4000) for _ in range(1000)]
-    grown, _ = state()
+    grown, _, _ = state()
     assert grown - in_use >= 3_900_000, (in_use, grown)
     assert free >= 0 and len(blocks) == 1000
+    # One chunk far above glibc's mmap threshold (32 MiB at most) is mmapped on its own.
+    big = bytearray(64 * 2**20)
+    assert state()[2] - mmapped >= 64 * 2**20 and len(big) == 64 * 2**20
     text = _exported(memtrim.Trimmer(60, clock=clock.FakeClock()))
     families = {f.name: f for f in parser.text_string_to_metric_families(text)}
-    for name in ("kubelet_dra_malloc_in_use_bytes", "kubelet_dra_malloc_free_bytes"):
+    for name in (
+        "kubelet_dra_malloc_in_use_bytes",
+        "kubelet_dra_malloc_free_bytes",
+        "kubelet_dra_malloc_mmapped_bytes",
+    ):
         assert families[name].type == "gauge"
         assert families[name].samples[0].value >= 0
     assert families["kubelet_dra_malloc_in_use_bytes"].samples[0].value > 1_000_000
+
+
+def test_pythons_allocated_blocks_follow_the_objects_alive() -> None:
+    def exported() -> float:
+        text = _exported(memtrim.Trimmer(60, clock=clock.FakeClock()))
+        families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+        family = families["kubelet_dra_python_allocated_blocks"]
+        assert family.type == "gauge"
+        return float(family.samples[0].value)
+
+    before = exported()
+    objects = [object() for _ in range(100_000)]
+    during = exported()
+    del objects
+    after = exported()
+    assert during - before >= 100_000, (before, during)
+    assert after - before < 10_000, (before, after)  # freed: back where it was
