@@ -283,3 +283,12 @@ def test_the_sidecar_s_rss_is_sampled_with_its_anonymous_and_file_parts() -> Non
     assert abs(stats["rss_anon_mb"] + stats["rss_file_mb"] - stats["rss_mb"]) < 1.0
     text = parts.smaps(os.getpid())
     assert text is not None and "[stack]" in text
+
+
+def test_the_rss_parts_row_gives_each_part_its_unit() -> None:
+    fitted: dict[str, float | None] = {name: 1.5 for name in report.PARTS}
+    fitted["rss_file_mb"] = None
+    row = report._parts_row({"rss_parts_slope_per_hour": fitted})
+    assert "anonymous +1.50 MB/h" in row and "files n/a MB/h" in row
+    assert "glibc's mmapped chunks +1.50 MB/h" in row
+    assert "CPython's allocated blocks +1.50 thousand/h" in row
