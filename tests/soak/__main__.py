@@ -33,7 +33,19 @@ def main(argv: list[str] | None = None) -> int:
         help="the real kubelet's line beside the sidecar (1.37, 1.38), 'none', or 'auto' "
         "(default: 1.37 where it can run: root, unshare, Go builds; else none, saying why)",
     )
+    parser.add_argument(
+        "--sidecar-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the sidecar alone, as a DaemonSet's env sets it "
+        "(repeatable; e.g. PYTHONMALLOC=malloc)",
+    )
     ns = parser.parse_args(argv)
+    try:
+        extra = parts.parse_env(ns.sidecar_env)
+    except ValueError as exc:
+        parser.error(str(exc))
     kubelet, why_not = parts.choose_kubelet(ns.kubelet)
     if why_not:
         print(f"soak: {why_not}", flush=True)
@@ -43,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = ns.seed if ns.seed is not None else random.SystemRandom().randrange(1, 10**6)
     out = ns.out or Path(tempfile.mkdtemp(prefix=f"kdra-soak-{seed}-"))
     print(f"soak: seed {seed}, {ns.minutes:g} minutes, output in {out}", flush=True)
-    opts = Options(ns.minutes, seed, out, chart=not ns.no_chart, kubelet=kubelet)
+    opts = Options(ns.minutes, seed, out, chart=not ns.no_chart, kubelet=kubelet, sidecar_env=extra)
     print(f"soak: real kubelet: {kubelet or 'none'}", flush=True)
     summary = Soak(opts).run()
     print(_report.table(summary))

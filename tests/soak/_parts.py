@@ -46,6 +46,17 @@ def resource_id(driver: int, device: int) -> str:
     return f"{driver_name(driver)}/{POOL}/{device_name(device)}"
 
 
+def parse_env(items: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` items as a dict; ``ValueError`` for an item without a name."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--sidecar-env wants NAME=VALUE, not {item!r}")
+        out[name.strip()] = value
+    return out
+
+
 def env() -> dict[str, str]:
     out = {
         k: v
@@ -158,8 +169,10 @@ class Sidecar:
         log: Path,
         port: int,
         kubelet_root: Path | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.port = port
+        self.extra_env = dict(extra_env or {})
         self.state_dir = state_dir
         self.log = log
         self.argv = [
@@ -182,8 +195,8 @@ class Sidecar:
             err.write(f"--- life {self.lives} at {time.time():.1f} ---\n".encode())
             err.flush()
             self.proc = subprocess.Popen(
-                self.argv, cwd=ROOT, env=env(), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=err,
+                self.argv, cwd=ROOT, env={**env(), **self.extra_env},
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
             )  # fmt: skip
         self.lives += 1
 

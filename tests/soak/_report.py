@@ -119,6 +119,7 @@ def judge(soak: Soak, final: dict[str, Any]) -> dict[str, Any]:
     minutes_run = (rows[-1]["t"] / 60) if rows else 0.0
     summary = {
         "seed": soak.opts.seed,
+        "sidecar_env": dict(soak.opts.sidecar_env),
         "minutes_planned": soak.opts.minutes,
         "minutes_run": round(minutes_run, 2),
         "faults": _fault_counts(soak),
@@ -265,7 +266,9 @@ def table(summary: dict[str, Any]) -> str:
         "| | |",
         "|---|---|",
         f"| seed, length | {summary['seed']}, {summary['minutes_run']:.1f} min run "
-        f"({summary['minutes_planned']:g} planned) |",
+        f"({summary['minutes_planned']:g} planned)"
+        + "".join(f", {k}={v}" for k, v in (summary.get("sidecar_env") or {}).items())
+        + " |",
         f"| faults ({sum(summary['faults'].values())}) | {faults} |",
         "| proxy answers injected | "
         + ", ".join(f"{k} {v}" for k, v in summary["proxy_injected"].items())

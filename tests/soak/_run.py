@@ -74,6 +74,8 @@ class Options:
     chart: bool = True
     #: The real kubelet's line (``"1.37"``) to run beside the sidecar, or ``None``.
     kubelet: str | None = None
+    #: Environment variables for the sidecar alone (``--sidecar-env``).
+    sidecar_env: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class _Worker:
@@ -153,6 +155,7 @@ class Soak:
             registry=registry, state_dir=self.disk.path,
             log=out / "sidecar.log", port=free_port(),
             kubelet_root=self.kubelet.root if self.kubelet else None,
+            extra_env=self.opts.sidecar_env,
         )  # fmt: skip
         self._exit.callback(self.sidecar.signal, signal.SIGKILL)
         self.sidecar.start()

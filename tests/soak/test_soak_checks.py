@@ -292,3 +292,12 @@ def test_the_rss_parts_row_gives_each_part_its_unit() -> None:
     assert "anonymous +1.50 MB/h" in row and "files n/a MB/h" in row
     assert "glibc's mmapped chunks +1.50 MB/h" in row
     assert "CPython's allocated blocks +1.50 thousand/h" in row
+
+
+def test_sidecar_env_items_are_parsed_and_refused_without_a_name() -> None:
+    assert parts.parse_env(["PYTHONMALLOC=malloc", "A=b=c", "EMPTY="]) == {
+        "PYTHONMALLOC": "malloc", "A": "b=c", "EMPTY": "",
+    }  # fmt: skip
+    for bad in ("PYTHONMALLOC", "=malloc"):
+        with pytest.raises(ValueError, match="NAME=VALUE"):
+            parts.parse_env([bad])
