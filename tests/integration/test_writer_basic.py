@@ -77,17 +77,7 @@ async def test_an_answer_older_than_the_watch_never_replaces_the_pod() -> None:
     for the next health change (found by the conformance suite's sidecar comparison:
     generated-92 on 1.38, about one run in 100 under load)."""
     with fakeapi.FakeApiServer() as server:
-        t = h.Harness(server, make_settings(tuning=WRITER))
-        claim = server.create_claim(
-            fakeapi.make_claim("p1-gpu", results=[(h.DRV, "pool", "gpu-0", "gpu")])
-        )
-        server.create_pod(
-            fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")])
-        )
-        unlisted = server.update_pod("default", "p1", _without_containers)
-        t.index.set_pod(unlisted)
-        t.index.set_claim(claim)
-        t.writer.pod_updated(unlisted)
+        t = _unlisted_pod(server)
         send = t.api.json_patch_pod_status_async
 
         async def answer_after_the_watch(*args: Any, **kwargs: Any) -> Any:
@@ -120,17 +110,7 @@ async def test_an_answer_that_holds_another_writers_change_is_planned_again() ->
     waits for the next health change (the conformance suite's sidecar comparison:
     generated-173 on 1.38, once in CI under load, a pod without entries)."""
     with fakeapi.FakeApiServer() as server:
-        t = h.Harness(server, make_settings(tuning=WRITER))
-        claim = server.create_claim(
-            fakeapi.make_claim("p1-gpu", results=[(h.DRV, "pool", "gpu-0", "gpu")])
-        )
-        server.create_pod(
-            fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")])
-        )
-        unlisted = server.update_pod("default", "p1", _without_containers)
-        t.index.set_pod(unlisted)
-        t.index.set_claim(claim)
-        t.writer.pod_updated(unlisted)
+        t = _unlisted_pod(server)
         send = t.api.json_patch_pod_status_async
 
         async def listed_while_on_its_way(*args: Any, **kwargs: Any) -> Any:
@@ -156,6 +136,21 @@ async def test_an_answer_that_holds_another_writers_change_is_planned_again() ->
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await t.stop()
+
+
+def _unlisted_pod(server: fakeapi.FakeApiServer) -> h.Harness:
+    """A harness (not started) whose writer knows pod ``p1``, its claim on ``gpu-0``
+    read, bound and with no container listed yet."""
+    t = h.Harness(server, make_settings(tuning=WRITER))
+    claim = server.create_claim(
+        fakeapi.make_claim("p1-gpu", results=[(h.DRV, "pool", "gpu-0", "gpu")])
+    )
+    server.create_pod(fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")]))
+    unlisted = server.update_pod("default", "p1", _without_containers)
+    t.index.set_pod(unlisted)
+    t.index.set_claim(claim)
+    t.writer.pod_updated(unlisted)
+    return t
 
 
 def _without_containers(pod: dict[str, Any]) -> dict[str, Any]:

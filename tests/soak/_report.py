@@ -33,10 +33,10 @@ SERIES = ("rss_mb", "malloc_in_use_mb", "fds", "tasks", "threads", "state_mb")
 #: (anonymous memory and pages of files), glibc's free heap and its own mmapped chunks,
 #: and CPython's allocated blocks (in thousands), which say where an RSS slope comes
 #: from: anonymous memory up with the blocks flat is CPython's arenas kept, not objects.
-PARTS = {"rss_anon_mb": "anonymous", "rss_file_mb": "files",
-         "malloc_free_mb": "of which glibc's free heap",
-         "malloc_mmapped_mb": "glibc's mmapped chunks",
-         "py_kblocks": "CPython's allocated blocks"}  # fmt: skip
+PARTS = {"rss_anon_mb": ("anonymous", "MB"), "rss_file_mb": ("files", "MB"),
+         "malloc_free_mb": ("of which glibc's free heap", "MB"),
+         "malloc_mmapped_mb": ("glibc's mmapped chunks", "MB"),
+         "py_kblocks": ("CPython's allocated blocks", "thousand")}  # fmt: skip
 #: The most the state file's WAL may hold. SQLite checkpoints it at 1,000 pages
 #: (``wal_autocheckpoint``) and reuses the file rather than shrinking it, so its size
 #: climbs to a plateau and stays: a slope through that climb is no leak (the hour's run
@@ -308,9 +308,8 @@ def table(summary: dict[str, Any]) -> str:
 def _parts_row(summary: dict[str, Any]) -> str:
     fitted = summary.get("rss_parts_slope_per_hour") or {}
     return "; ".join(
-        f"{label} {'n/a' if fitted.get(name) is None else format(fitted[name], '+.2f')} "
-        f"{'thousand' if name == 'py_kblocks' else 'MB'}/h"
-        for name, label in PARTS.items()
+        f"{label} {'n/a' if fitted.get(name) is None else format(fitted[name], '+.2f')} {unit}/h"
+        for name, (label, unit) in PARTS.items()
     )
 
 
