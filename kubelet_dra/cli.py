@@ -104,6 +104,11 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "KUBELET_DRA_MALLOC_TRIM_INTERVAL",
         "seconds between glibc malloc_trim calls giving freed heap back (default 60; 0 = never)",
     ),
+    "--malloc-arena-max": (
+        "malloc_arena_max",
+        "KUBELET_DRA_MALLOC_ARENA_MAX",
+        "glibc malloc arenas at most (default 2; 0 = glibc's default; MALLOC_ARENA_MAX wins)",
+    ),
     # The taint bridge (docs/remediation.md).
     "--taint-effect": (
         "taint_effect",

@@ -32,7 +32,7 @@ import ctypes
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import core, registry
 
@@ -62,6 +62,51 @@ def glibc_trim() -> Callable[[], int] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return lambda: int(trim(0))
+
+
+#: ``mallopt``'s parameter for the most arenas glibc makes (``malloc.h``).
+M_ARENA_MAX = -8
+
+
+def glibc_mallopt() -> Callable[[int, int], int] | None:
+    """``mallopt(param, value)`` of this process's glibc, or None where there is none."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return lambda param, value: int(mallopt(param, value))
+
+
+def cap_arenas(
+    most: int,
+    *,
+    mallopt: Callable[[int, int], int] | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> bool:
+    """Let glibc make at most ``most`` malloc arenas from now on; whether it was set.
+
+    glibc gives a thread that finds the arenas in use one of its own, up to 8 per core.
+    Each keeps its own free memory and top pad, which ``malloc_trim`` cannot hand back
+    while a live block sits in the page; the sidecar's threads (the gRPC core's, the
+    metrics server, a watch reader per watch, the worker threads of
+    ``asyncio.to_thread``) spread their bursts over several of them. Python holds the
+    GIL for nearly all of its allocations, so few arenas cost no waiting. Nothing is
+    done for 0, where there is no glibc, or when ``MALLOC_ARENA_MAX`` is set (glibc
+    read it at start: the operator's choice wins). Call it before threads start: an
+    arena made already stays.
+    """
+    if most <= 0 or environ.get("MALLOC_ARENA_MAX"):
+        return False
+    call = mallopt if mallopt is not None else glibc_mallopt()
+    if call is None:
+        return False
+    ok = call(M_ARENA_MAX, most) == 1  # mallopt returns 1 on success
+    if not ok:
+        logger.warning("mallopt(M_ARENA_MAX, %d) failed; glibc's default arenas stay", most)
+    return ok
 
 
 class _MallInfo2(ctypes.Structure):

@@ -73,6 +73,8 @@ class Settings(pydantic_settings.BaseSettings):
     role: Role = Role.OBSERVER
     # glibc malloc_trim every this many seconds in `run` (memtrim); 0 = never.
     malloc_trim_interval: float = pydantic.Field(default=60.0, ge=0)
+    # glibc malloc arenas at most in `run` (memtrim.cap_arenas); 0 = glibc's own 8 per core.
+    malloc_arena_max: int = pydantic.Field(default=2, ge=0)
 
     # Registration (kubelet pluginmanager: GetInfo 1 s, reconcile every 1 s).
     get_info_timeout: float = pydantic.Field(default=1.0, gt=0)

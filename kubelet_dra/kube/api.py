@@ -39,6 +39,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kubelet_dra import errors
 from kubelet_dra.kube import asyncpatch
+from kubelet_dra.status import podjson
 
 logger = logging.getLogger(__name__)
 
@@ -169,9 +170,11 @@ class Api:
 
     def list_node_pods(self, node: str) -> dict[str, Any]:
         """The pods bound to ``node`` (field selector ``spec.nodeName``), as a list object."""
-        return self._call(
-            f"list pods on node {node}",
-            lambda: self._request("GET", "/api/v1/pods", query=[_node_selector(node)]),
+        return podjson.lean(
+            self._call(
+                f"list pods on node {node}",
+                lambda: self._request("GET", "/api/v1/pods", query=[_node_selector(node)]),
+            )
         )
 
     def watch_node_pods(
@@ -182,33 +185,41 @@ class Api:
             _node_selector(node), ("watch", "true"), ("resourceVersion", resource_version),
             ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout)),
         ]  # fmt: skip
-        return self._watch(
+        events = self._watch(
             f"watch pods on node {node}",
             "/api/v1/pods",
             query,
             (_TIMEOUT[0], timeout + 30),
             on_open,
         )
+        for event in events:
+            if isinstance(event.get("object"), dict):
+                podjson.lean(event["object"])
+            yield event
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """One pod, read through ``pods/<name>/status``; 404 is ``errors.PodGone``."""
-        return self._call(
-            f"get pod {namespace}/{name}",
-            lambda: self._request("GET", _path("api/v1", namespace, "pods", name, "status")),
-            pod=True,
+        return podjson.lean(
+            self._call(
+                f"get pod {namespace}/{name}",
+                lambda: self._request("GET", _path("api/v1", namespace, "pods", name, "status")),
+                pod=True,
+            )
         )
 
     def json_patch_pod_status(
         self, namespace: str, name: str, ops: list[dict[str, Any]]
     ) -> dict[str, Any]:
         """A JSON patch (RFC 6902, with ``test`` operations) of ``pods/<name>/status``."""
-        return self._call(
-            f"patch status of pod {namespace}/{name}",
-            lambda: self._request(
-                "PATCH", _path("api/v1", namespace, "pods", name, "status"),
-                query=[("fieldManager", FIELD_MANAGER)], body=ops, content_type=JSON_PATCH,
-            ),
-            pod=True,
+        return podjson.lean(
+            self._call(
+                f"patch status of pod {namespace}/{name}",
+                lambda: self._request(
+                    "PATCH", _path("api/v1", namespace, "pods", name, "status"),
+                    query=[("fieldManager", FIELD_MANAGER)], body=ops, content_type=JSON_PATCH,
+                ),
+                pod=True,
+            )
         )  # fmt: skip
 
     async def json_patch_pod_status_async(
@@ -238,7 +249,7 @@ class Api:
             data: dict[str, Any] = json.loads(answer.body or b"{}")
         except ValueError as exc:
             raise CallError(f"{what}: connection lost ({exc})") from exc
-        return data
+        return podjson.lean(data)
 
     async def aclose(self) -> None:
         """Close the event loop transport's idle connections (a later call opens new ones)."""

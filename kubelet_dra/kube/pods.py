@@ -186,6 +186,14 @@ class NodePods:
         if podjson.node_name(pod) != self.node:
             self._remove(uid)  # not ours (a stale event): never indexed, never written
             return
+        known = self._pods.get(uid)
+        rv = podjson.resource_version(pod)
+        if known is not None and rv and podjson.resource_version(known) == rv:
+            # A relist's copy of a pod we hold at this very version: keep ours. Nothing
+            # changed to index or plan, and the relist's copies all die with it, so the
+            # allocator gets its pages back instead of keeping them for long-lived pods
+            # (the soak's RSS steps at relists; docs/memory.md).
+            return
         self._pods[uid] = pod
         delta = self._index.set_pod(pod)
         self._writer.pod_updated(pod)

@@ -77,6 +77,25 @@ def resource_version_number(obj: Obj) -> int:
         return 0
 
 
+def lean(obj: MutableObj) -> MutableObj:
+    """``obj`` (a pod or a list of them, as just decoded) without ``managedFields``.
+
+    Nothing here reads them, and they are a quarter of a pod's decoded objects (three
+    field managers on a soak pod: 2.2 of its 4.9 KB of JSON, 7 of 28 KB in memory). Every
+    pod we hold (the node's pods, the writer's last answers) is kept for minutes, so
+    dropping them at decoding keeps that much less alive (docs/memory.md); client-go's
+    informers offer the same trim (a ``TransformFunc``). A PATCH or PUT that leaves the
+    field out keeps the server's managedFields as they are.
+    """
+    metadata_ = obj.get("metadata")
+    if isinstance(metadata_, dict):
+        metadata_.pop("managedFields", None)
+    for item in obj.get("items") or ():
+        if isinstance(item, dict):
+            lean(item)
+    return obj
+
+
 def node_name(pod: Obj) -> str:
     return str(spec(pod).get("nodeName") or "")
 

@@ -120,3 +120,53 @@ async def test_pod_moving_off_the_selector_is_dropped() -> None:
         t.writer.mark_dirty({pod["metadata"]["uid"]})
         await h.settled(t)
         assert len(t.server.status_writes(name="p1")) == writes
+
+
+async def test_a_relist_keeps_the_pods_held_at_the_same_version() -> None:
+    async with h.running() as t:
+        same = t.pod_with_gpu("p1", "gpu-0")
+        moved = t.pod_with_gpu("p2", "gpu-1")
+        await eventually(lambda: t.pods.claims_synced)
+        await h.settled(t)
+        held = t.pods.get(same["metadata"]["uid"])
+        assert held is not None
+        # A change this node's watch does not see, then compaction: its watch gets 410.
+        elsewhere = fakeapi.make_claim("elsewhere", results=[(h.DRV, "pool", "x", "gpu")])
+        t.server.create_claim(elsewhere)
+        t.server.expire_history()
+        t.server.end_watches()
+        changed = t.server.update_pod("default", "p2", _labelled)
+        await eventually(lambda: _rv(t.pods.get(moved["metadata"]["uid"])) == _rv(changed))
+        # The relist's copy of p1 carried the version we held: the object is ours still.
+        assert t.pods.get(same["metadata"]["uid"]) is held
+
+
+async def test_pods_are_held_without_their_managed_fields() -> None:
+    async with h.running() as t:
+        pod = t.pod_with_gpu("p1", "gpu-0")
+        await eventually(lambda: t.pods.claims_synced)
+        t.server.update_pod("default", "p1", _managed)
+        uid = pod["metadata"]["uid"]
+        await eventually(lambda: (t.pods.get(uid) or {}).get("metadata", {}).get("labels"))
+        assert "managedFields" not in t.pods.get(uid)["metadata"]
+        t.report("gpu-0", H.UNHEALTHY)
+        await eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
+        state = t.writer.state(uid)
+        assert state is not None and "managedFields" not in state.pod["metadata"]
+        assert t.server.get_pod("default", "p1")["metadata"]["managedFields"]
+
+
+def _rv(obj: Any) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("resourceVersion"))
+
+
+def _labelled(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"].setdefault("labels", {})["changed"] = "yes"
+    return obj
+
+
+def _managed(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"]["managedFields"] = [
+        {"manager": "kubelet", "operation": "Update", "fieldsV1": {"f:status": {}}}
+    ]
+    return _labelled(obj)

@@ -78,6 +78,7 @@ CASES = [
     ("--api-burst", "40", "10", "api_burst", 40, 10),
     ("--write-concurrency", "4", "2", "write_concurrency", 4, 2),
     ("--malloc-trim-interval", "0", "300", "malloc_trim_interval", 0.0, 300.0),
+    ("--malloc-arena-max", "0", "4", "malloc_arena_max", 0, 4),
     # The taint bridge (issue 13).
     (
         "--taint-effect",
@@ -108,6 +109,7 @@ DEFAULTS = {
     "api_burst": 100,
     "write_concurrency": 8,
     "malloc_trim_interval": 60.0,
+    "malloc_arena_max": 2,
     "taint_effect": settings.TaintEffect.OFF,
     "taint_after": 10.0,
     "taint_unknown_after": None,

@@ -1,9 +1,13 @@
-"""memtrim.Trimmer: the interval on a fake clock, the bytes counted, glibc's call for real."""
+"""memtrim: the Trimmer on a fake clock, the bytes counted, glibc's calls and arenas for real."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest, parser
 
 from kubelet_dra import clock, memtrim
@@ -133,3 +137,48 @@ def test_pythons_allocated_blocks_follow_the_objects_alive() -> None:
     after = exported()
     assert during - before >= 100_000, (before, during)
     assert after - before < 10_000, (before, after)  # freed: back where it was
+
+
+def test_arenas_are_capped_through_mallopt_unless_the_operator_chose() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def mallopt(param: int, value: int) -> int:
+        calls.append((param, value))
+        return 1
+
+    assert memtrim.cap_arenas(2, mallopt=mallopt, environ={})
+    assert calls == [(memtrim.M_ARENA_MAX, 2)]
+    assert not memtrim.cap_arenas(0, mallopt=mallopt, environ={})
+    assert not memtrim.cap_arenas(2, mallopt=mallopt, environ={"MALLOC_ARENA_MAX": "4"})
+    assert not memtrim.cap_arenas(2, mallopt=lambda p, v: 0, environ={})  # refused
+    assert calls == [(memtrim.M_ARENA_MAX, 2)]
+
+
+_ARENAS = """
+import ctypes, sys, threading
+from kubelet_dra import memtrim
+memtrim.cap_arenas(int(sys.argv[1]), environ={})
+gate = threading.Barrier(8)
+def work():
+    gate.wait()  # all eight alive at once: none can take an exited thread's arena
+    kept = [bytearray(5000) for _ in range(100)]  # malloc'd in this thread
+    gate.wait()
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+ctypes.CDLL("libc.so.6").malloc_stats()  # one "Arena N:" block per arena, on stderr
+"""
+
+
+@pytest.mark.parametrize(("most", "bound"), [(1, 1), (2, 2), (0, 9)])
+def test_glibc_makes_no_more_arenas_than_the_cap(most: int, bound: int) -> None:
+    # The real allocator: eight threads that each malloc get arenas of their own
+    # (glibc's default allows 8 per core) unless the cap holds them.
+    done = subprocess.run(
+        [sys.executable, "-c", _ARENAS, str(most)], capture_output=True, text=True, check=True,
+        env={k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"},
+    )  # fmt: skip
+    arenas = done.stderr.count("Arena ")
+    assert 1 <= arenas <= bound, done.stderr
+    if most == 0:
+        assert arenas > 2, done.stderr  # uncapped, the threads spread
