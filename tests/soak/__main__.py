@@ -41,19 +41,28 @@ def main(argv: list[str] | None = None) -> int:
         help="an environment variable for the sidecar alone, as a DaemonSet's env sets it "
         "(repeatable; e.g. PYTHONMALLOC=malloc)",
     )
+    parser.add_argument(
+        "--trace-python-memory",
+        action="store_true",
+        help="trace the sidecar's Python allocations (PYTHONTRACEMALLOC) and keep a snapshot a "
+        "minute in OUT/tracemalloc for python -m tests.soak.tracediff; its RSS is then not "
+        "the product's",
+    )
     ns = parser.parse_args(argv)
     try:
         extra = parts.parse_env(ns.sidecar_env)
     except ValueError as exc:
         parser.error(str(exc))
+    seed = ns.seed if ns.seed is not None else random.SystemRandom().randrange(1, 10**6)
+    out = ns.out or Path(tempfile.mkdtemp(prefix=f"kdra-soak-{seed}-"))
+    if ns.trace_python_memory:
+        extra = {**parts.trace_env(out / "tracemalloc"), **extra}
     kubelet, why_not = parts.choose_kubelet(ns.kubelet)
     if why_not:
         print(f"soak: {why_not}", flush=True)
         if ns.kubelet != "auto":
             return 2
     faulthandler.register(signal.SIGUSR1)  # a stuck run: kill -USR1 <pid> prints every stack
-    seed = ns.seed if ns.seed is not None else random.SystemRandom().randrange(1, 10**6)
-    out = ns.out or Path(tempfile.mkdtemp(prefix=f"kdra-soak-{seed}-"))
     print(f"soak: seed {seed}, {ns.minutes:g} minutes, output in {out}", flush=True)
     opts = Options(ns.minutes, seed, out, chart=not ns.no_chart, kubelet=kubelet, sidecar_env=extra)
     print(f"soak: real kubelet: {kubelet or 'none'}", flush=True)

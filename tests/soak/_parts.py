@@ -67,6 +67,17 @@ def env() -> dict[str, str]:
     return out
 
 
+def trace_env(where: Path, every: float = 60.0) -> dict[str, str]:
+    """The sidecar's environment for ``--trace-python-memory`` (``tracehook/``)."""
+    hook = Path(__file__).resolve().parent / "tracehook"
+    return {
+        "PYTHONTRACEMALLOC": "12",  # frames kept per allocation
+        "KDRA_SOAK_TRACE_DIR": str(where),
+        "KDRA_SOAK_TRACE_EVERY": f"{every:g}",
+        "PYTHONPATH": os.pathsep.join([str(hook), env()["PYTHONPATH"]]),
+    }
+
+
 class Driver:
     """One fake driver process; ``start(devices)`` after a kill serves them again.
 

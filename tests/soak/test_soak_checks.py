@@ -4,7 +4,10 @@ fit, the lease rule of the blip check and the lost-state rule of the convergence
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,7 @@ from tests.soak import _checks as checks
 from tests.soak import _parts as parts
 from tests.soak import _report as report
 from tests.soak import _schedule as plan
+from tests.soak import tracediff
 from tests.soak._faultproxy import StatusWrite
 
 
@@ -301,3 +305,36 @@ def test_sidecar_env_items_are_parsed_and_refused_without_a_name() -> None:
     for bad in ("PYTHONMALLOC", "=malloc"):
         with pytest.raises(ValueError, match="NAME=VALUE"):
             parts.parse_env([bad])
+
+
+_GROWING = """
+import time
+held = []
+for _ in range(12):
+    held.append(bytes(200_000))
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("traced", [True, False], ids=["traced", "not-traced"])
+def test_trace_python_memory_keeps_snapshots_that_tracediff_reads(
+    traced: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The hook in a real interpreter: a process that keeps 200 KB every 0.1 s for 1.2 s.
+    env = {**parts.env(), **parts.trace_env(tmp_path, every=0.3)}
+    if not traced:
+        del env["PYTHONTRACEMALLOC"]
+    subprocess.run([sys.executable, "-c", _GROWING], env=env, check=True, timeout=60)
+    snaps = sorted(tmp_path.glob("*.snap"))
+    if not traced:
+        assert snaps == []
+        assert tracediff.main([str(tmp_path)]) == 2
+        return
+    assert len(snaps) >= 2, snaps
+    assert not list(tmp_path.glob("*.part"))
+    assert tracediff.main([str(tmp_path), "--after", "0", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "seconds" not in line]
+    totals = [float(row.split("|")[2]) for row in rows]
+    assert totals[-1] - totals[0] > 0.3, out  # the kept bytes show, first to last snapshot
+    assert "<string>:5" in out, out  # and the line that kept them grew most
