@@ -9,7 +9,7 @@ went through, the sidecar's ``VmHWM`` (peak RSS) is read from
 
 The floor is a process that does the least the sidecar must: it caps glibc's
 malloc arenas as ``run`` does (``mallopt(M_ARENA_MAX, 2)`` unless
-``MALLOC_ARENA_MAX`` is set, :func:`kubelet_dra.cli._limit_malloc_arenas`),
+``MALLOC_ARENA_MAX`` is set, :func:`kubelet_dra.memtrim.cap_arenas`),
 imports grpc, ``kubernetes.client`` and sqlitedict, and uses each once: a
 health stream read, the node's pods listed from the same API stand-in through
 the client's low-level ``ApiClient`` (``param_serialize`` + ``call_api``, the
@@ -47,7 +47,7 @@ SMOKE = Config(runs=1, settle=1.0)
 
 FLOOR_SCRIPT = """
 import ctypes, json, os, pathlib, sys, tempfile
-capped = "MALLOC_ARENA_MAX" in os.environ  # as kubelet_dra.cli._limit_malloc_arenas
+capped = "MALLOC_ARENA_MAX" in os.environ  # as kubelet_dra.memtrim.cap_arenas
 if not capped:
     capped = ctypes.CDLL("libc.so.6").mallopt(-8, 2) == 1  # M_ARENA_MAX
 import grpc, kubernetes.client, sqlitedict

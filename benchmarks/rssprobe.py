@@ -668,7 +668,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     ns = parse(argv)
     if ns.arena_max and LIBC is not None and "MALLOC_ARENA_MAX" not in os.environ:
-        LIBC.mallopt(-8, ns.arena_max)  # M_ARENA_MAX, as kubelet_dra.cli does
+        LIBC.mallopt(-8, ns.arena_max)  # M_ARENA_MAX, as kubelet_dra.memtrim.cap_arenas does
     if ns.mmap_threshold and LIBC is not None:
         LIBC.mallopt(-3, ns.mmap_threshold)  # M_MMAP_THRESHOLD: no dynamic adjustment
     if ns.trim_threshold and LIBC is not None:

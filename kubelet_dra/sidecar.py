@@ -24,8 +24,6 @@ class Sidecar:
     def __init__(
         self, settings: settings_mod.Settings, *, api_client: kube.ApiClient | None = None
     ) -> None:
-        # Before the manager makes any thread (memtrim.cap_arenas, docs/memory.md).
-        memtrim.cap_arenas(settings.malloc_arena_max)
         observer = settings.model_copy(update={"role": settings_mod.Role.OBSERVER})
         self.manager = DRAHealthManager(observer, api_client=api_client)
         self.server: metrics.Server | None = None
