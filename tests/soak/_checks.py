@@ -27,6 +27,7 @@ kubelet's field is sampled too, as a comparison (:func:`pod_health`), not as a c
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -71,6 +72,8 @@ class World:
         self.outages: list[tuple[int, float, float]] = []
         self.intervals: list[Interval] = []
         self.sidecar_starts: list[float] = []
+        #: (driver, sidecar start) -> when that sidecar's first stream reached the driver.
+        self.streamed: dict[tuple[int, float], float] = {}
 
     # -- recording -----------------------------------------------------------------------
 
@@ -95,6 +98,11 @@ class World:
     def driver_down(self, driver: int, at: float) -> None:
         with self.lock:
             self.down_since[driver] = at
+
+    def streamed_since(self, driver: int, start: float, at: float) -> None:
+        """The sidecar started at ``start`` opened its first stream to ``driver`` at ``at``."""
+        with self.lock:
+            self.streamed.setdefault((driver, start), at)
 
     def driver_up(self, driver: int, at: float) -> None:
         with self.lock:
@@ -132,10 +140,17 @@ class World:
 
         The whole lease (less one re-send period) while the sidecar lives through the
         outage; across a sidecar restart it promises half (the state file's renewal
-        rule), less any time the state dir could not be written before that restart.
+        rule), less any time the state dir could not be written before that restart. A
+        restart is across the outage when the driver went away before the new sidecar's
+        first stream reached it, even if that was after the start: a sidecar slow to
+        start (a loaded node, tracemalloc) holds only what its state file kept.
         """
         lease = plan.LEASE - plan.RESEND - 1
-        restarted = [s for s in self.sidecar_starts if down < s <= now]
+        restarted = [
+            s
+            for s in self.sidecar_starts
+            if s <= now and down < self.streamed.get((driver, s), math.inf)
+        ]
         if not restarted:
             return lease
         disk = sum(

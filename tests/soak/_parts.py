@@ -157,6 +157,18 @@ class Driver:
         if self.proc.stdout is not None:
             self.proc.stdout.close()  # read once for "ready"; never left to the GC
 
+    def streams_opened(self) -> tuple[int, int] | None:
+        """(this driver process's pid, the health streams opened to it), or None if down."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return None
+        try:
+            calls = self.request("calls")["calls"]
+        except (OSError, RuntimeError, ValueError):
+            return None
+        opened = sum(n for name, n in calls.items() if name.startswith("NodeWatchResources/"))
+        return proc.pid, opened
+
     def request(self, op: str, **args: Any) -> dict[str, Any]:
         with self._lock, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(10)

@@ -158,9 +158,7 @@ class Soak:
             extra_env=self.opts.sidecar_env,
         )  # fmt: skip
         self._exit.callback(self.sidecar.signal, signal.SIGKILL)
-        self.sidecar.start()
-        self.sidecar.wait_ready()
-        self.world.sidecar_starts.append(time.time())
+        self._restart_sidecar()
 
     def _apiserver(self, out: Path) -> KubeApiServer:
         server = start_kube_apiserver(
@@ -445,9 +443,32 @@ class Soak:
             raise ValueError(kind)
 
     def _restart_sidecar(self) -> None:
+        before = [driver.streams_opened() for driver in self.drivers]
         self.sidecar.start()
-        self.world.sidecar_starts.append(time.time())
+        started = time.time()
+        self.world.sidecar_starts.append(started)
+        threading.Thread(
+            target=self._note_streams, args=(started, before), name="soak-streams", daemon=True
+        ).start()
         self.sidecar.wait_ready()
+
+    def _note_streams(self, started: float, before: list[tuple[int, int] | None]) -> None:
+        """Record when the sidecar started at ``started`` first streamed from each driver.
+
+        Until then it holds what its state file kept (half a lease: ``World._guaranteed``).
+        A stream counts when a driver has opened more than before the start, or any at
+        all in a driver process started since (the old sidecar was dead by then).
+        """
+        waiting = set(range(len(self.drivers)))
+        while waiting and not self._stop.wait(0.2):
+            for index in sorted(waiting):
+                now = self.drivers[index].streams_opened()
+                if now is None:
+                    continue
+                old = before[index]
+                if now[1] > (old[1] if old is not None and old[0] == now[0] else 0):
+                    self.world.streamed_since(index, started, time.time())
+                    waiting.discard(index)
 
     def _flood(self, driver: parts.Driver, seconds: float) -> None:
         # In its own thread: the driver's health changes go on during the flood.

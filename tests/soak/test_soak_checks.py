@@ -8,6 +8,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,43 @@ def test_unknown_within_the_lease_is_a_blip_and_after_it_is_not() -> None:
     world.sidecar_starts.append(1005.0)
     assert checks.blips(world, [early], 0.0) == []
     assert len(checks.blips(world, [StatusWrite(1010.0, "pod-03", stored)], 0.0)) == 1
+
+
+def test_a_restart_before_the_outage_counts_until_its_first_stream_reached_the_driver() -> None:
+    # The sidecar started at 995 and was still starting (no stream yet) when the driver
+    # went away at 1000: it holds only what its state file kept, half a lease.
+    world = _world_with_outage(1000.0, None)
+    world.sidecar_starts.append(995.0)
+    write = StatusWrite(1000.0 + plan.LEASE / 2, "pod-03", _unknown_write())
+    assert checks.blips(world, [write], 0.0) == []
+    # Had its first stream reached the driver at 998, it would have had the whole lease.
+    world.streamed_since(0, 995.0, 998.0)
+    assert len(checks.blips(world, [write], 0.0)) == 1
+    # A stream to another driver says nothing of this one.
+    other = _world_with_outage(1000.0, None)
+    other.sidecar_starts.append(995.0)
+    other.streamed_since(1, 995.0, 996.0)
+    assert checks.blips(other, [write], 0.0) == []
+
+
+def _unknown_write() -> dict[str, Any]:
+    return {
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "allocatedResourcesStatus": [
+                        {
+                            "name": "claim:c",
+                            "resources": [
+                                {"resourceID": parts.resource_id(0, 3), "health": "Unknown"}
+                            ],
+                        }
+                    ],
+                }
+            ]
+        }
+    }
 
 
 def test_a_pod_that_stays_wrong_past_the_bound_is_a_lost_final_state() -> None:
