@@ -206,9 +206,17 @@ class Twin:
     # -- protocol ----------------------------------------------------------
 
     def _fail(self, message: str) -> TwinError:
+        proc, reader = self._proc, self._stderr_thread
+        if proc is not None and proc.poll() is not None and reader is not None:
+            # The process is gone, but its last words (a Go panic) may still be in the
+            # pipe: read them all first (a CI run once missed the panic this way).
+            reader.join(timeout=5.0)
+        lines = list(self._stderr)
+        # A panic's goroutine dump can outrun the tail: keep its first line too.
+        panics = [line for line in lines[:-60] if line.startswith(("panic:", "fatal error:"))]
         return TwinError(
             f"twin {self.version}: {message}\n--- twin stderr (tail) ---\n"
-            + ("\n".join(list(self._stderr)[-60:]))
+            + "\n".join(panics[:1] + lines[-60:])
         )
 
     def _read_line(self, deadline: float) -> bytes:
