@@ -148,7 +148,8 @@ async def test_pods_are_held_without_their_managed_fields() -> None:
         t.server.update_pod("default", "p1", _managed)
         uid = pod["metadata"]["uid"]
         await eventually(lambda: (t.pods.get(uid) or {}).get("metadata", {}).get("labels"))
-        assert "managedFields" not in t.pods.get(uid)["metadata"]
+        held = t.pods.get(uid)
+        assert held is not None and "managedFields" not in held["metadata"]
         t.report("gpu-0", H.UNHEALTHY)
         await eventually(lambda: t.healths("p1") == {f"{h.DRV}/pool/gpu-0": "Unhealthy"})
         state = t.writer.state(uid)
