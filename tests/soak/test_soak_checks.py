@@ -67,23 +67,7 @@ def _world_with_outage(down: float, up: float | None) -> checks.World:
 
 def test_unknown_within_the_lease_is_a_blip_and_after_it_is_not() -> None:
     world = _world_with_outage(1000.0, None)
-    stored = {
-        "status": {
-            "containerStatuses": [
-                {
-                    "name": "main",
-                    "allocatedResourcesStatus": [
-                        {
-                            "name": "claim:c",
-                            "resources": [
-                                {"resourceID": parts.resource_id(0, 3), "health": "Unknown"}
-                            ],
-                        }
-                    ],
-                }
-            ]
-        }
-    }
+    stored = _unknown_write()
     early = StatusWrite(1000.0 + plan.LEASE / 2, "pod-03", stored)
     late = StatusWrite(1000.0 + plan.LEASE + 1, "pod-03", stored)
     assert len(checks.blips(world, [early], 0.0)) == 1
