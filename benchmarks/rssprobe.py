@@ -27,6 +27,11 @@ Kinds, each isolating one thing the soak does:
 - ``tls-connect``: one new TLS connection of the official ``ApiClient`` (its pool
   cleared, then one GET) to a local HTTPS server in a child process;
   ``--shared-ssl-context`` hands urllib3 one context for every connection;
+- ``tls-fail-async`` / ``tls-fail-urllib3``: a request that fails, to a server in a child
+  process that closes each connection (``--fail-when``: ``accept``, before the TLS
+  handshake; ``handshake``, after it and the request, with no answer: what a restarting
+  kube-apiserver does to a request in flight); through the status PATCH transport
+  (``kube.asyncpatch``) or the official ``ApiClient`` (urllib3, no retries);
 - ``apiclient``: an official ``ApiClient`` made and closed;
 - ``grpc-channel``: a ``grpc.aio`` channel to a fake driver's unix socket, one
   ``NodeWatchResources`` response read, the channel closed;
@@ -288,6 +293,25 @@ print(srv.server_address[1], flush=True)
 srv.serve_forever()
 """
 
+_CLOSING_SERVER = """
+import socket, ssl, sys, threading
+when, cert, key = sys.argv[1:4]
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(cert, key)
+srv = socket.create_server(("127.0.0.1", 0), backlog=512)
+print(srv.getsockname()[1], flush=True)
+def serve(conn):
+    try:
+        if when == "handshake":
+            conn = context.wrap_socket(conn, server_side=True)
+            conn.recv(65536)
+    except OSError:
+        pass
+    conn.close()
+while True:
+    threading.Thread(target=serve, args=(srv.accept()[0],), daemon=True).start()
+"""
+
 _FAKE_API = """
 import sys, time
 from kubelet_dra.testing.fakeapi import FakeApiServer
@@ -367,7 +391,7 @@ Event = Callable[[], Awaitable[None]]
 @contextlib.asynccontextmanager
 async def micro(kind: str, ns: argparse.Namespace) -> AsyncIterator[Event]:
     with _tmpdir() as tmp:
-        if kind in ("ssl-context", "urllib3-context", "tls-connect"):
+        if kind in ("ssl-context", "urllib3-context", "tls-connect", *TLS_FAIL):
             certs = _certificates(tmp / "pki")
             ca = str(certs["ca.crt"])
         if kind == "ssl-context":
@@ -413,6 +437,12 @@ async def micro(kind: str, ns: argparse.Namespace) -> AsyncIterator[Event]:
 
                 yield event
                 client.close()
+        elif kind in TLS_FAIL:
+            argv = [sys.executable, "-c", _CLOSING_SERVER, ns.fail_when]
+            argv += [str(certs["serving.crt"]), str(certs["serving.key"])]
+            with _child(argv) as (_, port):
+                async with _failing_request(kind, int(port), ca, ns.batch) as event:
+                    yield event
         elif kind == "apiclient":
             import kubernetes.client
 
@@ -454,6 +484,39 @@ async def micro(kind: str, ns: argparse.Namespace) -> AsyncIterator[Event]:
             yield event
         else:
             raise SystemExit(f"unknown kind {kind}")
+
+
+@contextlib.asynccontextmanager
+async def _failing_request(kind: str, port: int, ca: str, batch: int) -> AsyncIterator[Event]:
+    """``batch`` requests to ``port`` that fail, through the asyncio transport or urllib3."""
+    import ssl
+
+    import kubernetes.client
+    import urllib3.exceptions
+
+    from kubelet_dra.kube import asyncpatch
+
+    config = kubernetes.client.Configuration()
+    config.host, config.ssl_ca_cert, config.retries = f"https://127.0.0.1:{port}", ca, 0
+    client = kubernetes.client.ApiClient(config)
+    context = ssl.create_default_context(cafile=ca)
+    endpoint = asyncpatch.Endpoint("127.0.0.1", port, context, "localhost", "")
+
+    async def by_asyncio() -> None:
+        for _ in range(batch):
+            transport = asyncpatch.Transport(endpoint, lambda *_: {}, timeout=(5.0, 5.0))
+            with contextlib.suppress(asyncpatch.TransportError):
+                await transport.request("PATCH", "/x", "", b"{}", "application/json")
+            await transport.aclose()
+
+    async def by_urllib3() -> None:
+        for _ in range(batch):
+            with contextlib.suppress(urllib3.exceptions.HTTPError):
+                client.call_api("GET", config.host + "/version", _request_timeout=5)
+
+    event: Event = by_asyncio if kind == "tls-fail-async" else by_urllib3
+    yield event
+    client.close()
 
 
 @contextlib.asynccontextmanager
@@ -587,7 +650,11 @@ def _create_pods(client: Any, count: int) -> None:
         ).read()
 
 
-MICRO = ("ssl-context", "urllib3-context", "tls-connect", "apiclient", "grpc-channel", "sqlite")
+TLS_FAIL = ("tls-fail-async", "tls-fail-urllib3")
+MICRO = (
+    "ssl-context", "urllib3-context", "tls-connect", *TLS_FAIL, "apiclient", "grpc-channel",
+    "sqlite",
+)  # fmt: skip
 PIPELINE = ("driver-new", "driver-same", "driver-flood", "apiserver-restart")
 
 
@@ -638,6 +705,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--shared-ssl-context",
         action="store_true",
         help="tls-connect: one SSLContext for every connection",
+    )
+    parser.add_argument(
+        "--fail-when",
+        choices=("accept", "handshake"),
+        default="handshake",
+        help="tls-fail-*: the server closes at accept or after the handshake (default)",
     )
     parser.add_argument(
         "--arena-max",
