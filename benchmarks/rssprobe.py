@@ -488,9 +488,8 @@ async def micro(kind: str, ns: argparse.Namespace) -> AsyncIterator[Event]:
 
 @contextlib.asynccontextmanager
 async def _failing_request(kind: str, port: int, ca: str, batch: int) -> AsyncIterator[Event]:
-    """``batch`` requests to ``port`` that fail, through the asyncio transport or urllib3."""
-    import ssl
-
+    """``batch`` requests to ``port`` that fail, through the status-PATCH transport as the
+    sidecar builds it from the client (one for the process, as there) or through urllib3."""
     import kubernetes.client
     import urllib3.exceptions
 
@@ -499,15 +498,13 @@ async def _failing_request(kind: str, port: int, ca: str, batch: int) -> AsyncIt
     config = kubernetes.client.Configuration()
     config.host, config.ssl_ca_cert, config.retries = f"https://127.0.0.1:{port}", ca, 0
     client = kubernetes.client.ApiClient(config)
-    context = ssl.create_default_context(cafile=ca)
-    endpoint = asyncpatch.Endpoint("127.0.0.1", port, context, "localhost", "")
+    transport = asyncpatch.Transport.from_client(client, timeout=(5.0, 5.0))
+    assert transport is not None  # no proxy, no socket options
 
     async def by_asyncio() -> None:
         for _ in range(batch):
-            transport = asyncpatch.Transport(endpoint, lambda *_: {}, timeout=(5.0, 5.0))
             with contextlib.suppress(asyncpatch.TransportError):
                 await transport.request("PATCH", "/x", "", b"{}", "application/json")
-            await transport.aclose()
 
     async def by_urllib3() -> None:
         for _ in range(batch):
@@ -515,8 +512,11 @@ async def _failing_request(kind: str, port: int, ca: str, batch: int) -> AsyncIt
                 client.call_api("GET", config.host + "/version", _request_timeout=5)
 
     event: Event = by_asyncio if kind == "tls-fail-async" else by_urllib3
-    yield event
-    client.close()
+    try:
+        yield event
+    finally:
+        await transport.aclose()
+        client.close()
 
 
 @contextlib.asynccontextmanager

@@ -913,12 +913,12 @@ def test_a_ctrl_c_taken_by_another_thread_still_ends_a_watch(demo: str) -> None:
     assert proc.returncode == 3, err
 
 
-def _sigint_one_of(libc: ctypes.CDLL, pid: int, threads: list[int]) -> int:
-    """SIGINT to the first of ``threads`` still alive; its id. A listed thread may end
-    before the signal (a short-lived worker: ESRCH, seen in CI), so the next is tried."""
+def _sigint_one_of(libc: ctypes.CDLL, pid: int, threads: list[int]) -> None:
+    """SIGINT to the first of ``threads`` still alive. A listed thread may end before the
+    signal (a short-lived worker: ESRCH, seen in CI), so the next is tried."""
     for tid in threads:
         if libc.syscall(_TGKILL, pid, tid, signal.SIGINT) == 0:
-            return tid
+            return
         if ctypes.get_errno() != errno.ESRCH:
             raise OSError(ctypes.get_errno(), f"tgkill of thread {tid}")
     raise AssertionError(f"every thread listed ended before the signal: {threads}")
