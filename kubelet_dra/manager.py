@@ -108,6 +108,7 @@ class DRAHealthManager:
             self.cache, settings=self.settings, clock=self.clock, on_change=self._on_change
         )
         self.watcher: registration.RegistryWatcher | None = None
+        self.api: kube.Api | None = None
         self.writer: kube.StatusWriter | None = None
         self.pods: kube.NodePods | None = None
         self.taints: loop.TaintBridge | None = None
@@ -259,7 +260,7 @@ class DRAHealthManager:
         client = self._api_client
         if client is None:
             client = await asyncio.to_thread(kube.load_client, self.settings.kubeconfig)
-        api = kube.Api(client)
+        api = self.api = kube.Api(client)
         node = self.settings.node_name
         if not node:
             raise errors.ConfigError("node name is required to watch the node's pods")
@@ -450,6 +451,7 @@ class DRAHealthManager:
             field_removals=stats.field_removals if stats else 0,
             now=now,
             loop_tasks=_live_tasks(),
+            **_patch_pool_metrics(self.api),
             **_taint_metrics(self.taints),
         )
 
@@ -506,6 +508,17 @@ def _taint_metrics(bridge: loop.TaintBridge | None) -> dict[str, Any]:
         "taint_bridge": bridge.state.value,
         "taint_rules": {**dict.fromkeys(planner.EFFECTS, 0), **bridge.rules_by_effect()},
         "taint_writes": {**writes, **bridge.writes},
+    }
+
+
+def _patch_pool_metrics(api: kube.Api | None) -> dict[str, Any]:
+    pool = api.patch_pool() if api is not None else None
+    if pool is None:
+        return {"patch_connections": None}
+    return {
+        "patch_connections": pool.open,
+        "patch_idle_connections": pool.idle,
+        "patch_connections_opened": pool.opened,
     }
 
 

@@ -95,6 +95,12 @@ class State:
     taint_writes: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     #: asyncio tasks alive on the event loop (a leak of tasks shows as a rising count).
     loop_tasks: int = 0
+    #: The status-PATCH transport's pool (``kube.asyncpatch``): open connections, the idle
+    #: ones among them, and how many it opened. None: PATCHes go through the official
+    #: client (or there is no API side), and the three series are left out.
+    patch_connections: int | None = None
+    patch_idle_connections: int = 0
+    patch_connections_opened: int = 0
 
 
 class Metrics:
@@ -132,6 +138,7 @@ class _Collector(registry.Collector):
         yield from _driver_metrics(state)
         yield from _device_metrics(state)
         yield from _writer_metrics(state)
+        yield from _patch_pool_metrics(state)
         yield from _store_metrics(state)
         yield _loop_metrics(state)
         if state.taint_bridge is not None:
@@ -232,6 +239,22 @@ def _loop_metrics(state: State) -> core.Metric:
     tasks = _gauge("event_loop_tasks", "asyncio tasks alive on the event loop.", [])
     tasks.add_metric([], state.loop_tasks)
     return tasks
+
+
+def _patch_pool_metrics(state: State) -> Iterator[core.Metric]:
+    # Each TLS connection holds about 280 KB (asyncio's read buffer and OpenSSL's state):
+    # an RSS step with these risen is the pool filling, not a leak (docs/memory.md).
+    if state.patch_connections is None:
+        return
+    open_ = _gauge("status_patch_connections", "Open connections of the status-PATCH pool.", [])
+    open_.add_metric([], state.patch_connections)
+    idle = _gauge(
+        "status_patch_idle_connections", "Idle connections kept by the status-PATCH pool.", []
+    )
+    idle.add_metric([], state.patch_idle_connections)
+    opened = _counter("status_patch_connections_opened", "Connections the pool opened.", [])
+    opened.add_metric([], state.patch_connections_opened)
+    yield from (open_, idle, opened)
 
 
 def _writer_metrics(state: State) -> Iterator[core.Metric]:

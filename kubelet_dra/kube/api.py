@@ -256,6 +256,15 @@ class Api:
         if isinstance(self._transport, asyncpatch.Transport):
             await self._transport.aclose()
 
+    def patch_pool(self) -> asyncpatch.PoolCounts | None:
+        """The event loop transport's connections; zeros before the first PATCH, ``None``
+        when the PATCHes go through the official client (a proxy, socket options)."""
+        if self._transport is False:
+            return None
+        if isinstance(self._transport, asyncpatch.Transport):
+            return self._transport.counts()
+        return asyncpatch.PoolCounts()
+
     def _async_transport(self) -> asyncpatch.Transport | None:
         if self._transport is None:
             made = asyncpatch.Transport.from_client(self.client, timeout=_TIMEOUT)

@@ -85,6 +85,7 @@ class _Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     parked: float = 0.0  # when it last went idle (the transport's clock)
+    closed: bool = False
     http: h11.Connection = dataclasses.field(
         default_factory=lambda: h11.Connection(
             h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES
@@ -101,8 +102,13 @@ class _Conn:
             return True
         return False
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Close it; ``True`` the first time (the transport counts each connection once)."""
+        if self.closed:
+            return False
+        self.closed = True
         self.writer.close()
+        return True
 
 
 class _Closed(TransportError):
@@ -122,6 +128,15 @@ class Endpoint:
     ssl: ssl.SSLContext | None
     server_hostname: str | None
     prefix: str  # the host URL's path ("" or "/k8s/clusters/x"), before each resource path
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolCounts:
+    """The connection pool in numbers, for the metrics (``kubelet_dra_status_patch_*``)."""
+
+    open: int = 0  # open now, idle or carrying a request
+    idle: int = 0  # open and waiting for the next request
+    opened: int = 0  # made since the start
 
 
 class Transport:
@@ -147,6 +162,7 @@ class Transport:
         self._idle: list[_Conn] = []  # oldest first: the last one is taken next
         self._sweep: asyncio.TimerHandle | None = None
         self.opened = 0  # connections made
+        self.closed = 0  # connections closed, for whatever reason
         self.closed_idle = 0  # idle connections closed after idle_timeout
         self._auth: dict[str, tuple[float, dict[str, str]]] = {}  # by content type
         self._now = clock or (lambda: asyncio.get_running_loop().time())
@@ -193,13 +209,22 @@ class Transport:
         """Idle connections kept now."""
         return len(self._idle)
 
+    @property
+    def open(self) -> int:
+        """Connections open now: the idle ones and those carrying a request."""
+        return self.opened - self.closed
+
+    def counts(self) -> PoolCounts:
+        """The pool now (read on the event loop that uses the transport)."""
+        return PoolCounts(open=self.open, idle=self.idle, opened=self.opened)
+
     def close_expired(self) -> int:
         """Close the connections idle for ``idle_timeout`` or longer; how many."""
         now = self._now()
         expired = 0
         # Oldest first (parked in order, taken from the end): the expired are a prefix.
         while self._idle and now - self._idle[0].parked >= self.idle_timeout:
-            self._idle.pop(0).close()
+            self._drop(self._idle.pop(0))
             expired += 1
         self.closed_idle += expired
         return expired
@@ -211,7 +236,7 @@ class Transport:
             self._sweep = None
         idle, self._idle = self._idle, []
         for conn in idle:
-            conn.close()
+            self._drop(conn)
         for conn in idle:
             with contextlib.suppress(OSError, ssl.SSLError):
                 await conn.writer.wait_closed()
@@ -248,17 +273,21 @@ class Transport:
                 # attempt, as client-go makes. Nothing was answered; a patch the
                 # server did apply would fail its own `test` operations the
                 # second time (a 422 the writer handles), never apply twice.
-                conn.close()
+                self._drop(conn)
                 conn = await self._connect()
                 answer = await self._exchange(conn, request, body)
         except BaseException:
-            conn.close()
+            self._drop(conn)
             raise
         if not conn.reusable() or len(self._idle) >= MAX_IDLE:
-            conn.close()
+            self._drop(conn)
         else:
             self._park(conn)
         return answer
+
+    def _drop(self, conn: _Conn) -> None:
+        if conn.close():
+            self.closed += 1
 
     def _park(self, conn: _Conn) -> None:
         conn.parked = self._now()
@@ -283,7 +312,7 @@ class Transport:
             conn = self._idle.pop()
             if conn.usable():
                 return conn, True
-            conn.close()
+            self._drop(conn)
         return await self._connect(), False
 
     async def _connect(self) -> _Conn:

@@ -386,6 +386,43 @@ async def test_connections_idle_past_the_idle_timeout_are_closed_the_newest_kept
             await transport.aclose()
 
 
+async def test_the_pool_counts_each_connection_while_it_is_open() -> None:
+    # kubelet_dra_status_patch_connections: the soak tells a pool that filled from a leak
+    # by it, so every way a connection ends must take it off, once.
+    async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        if number == 3:
+            return True  # never answers: the request times out and the connection is dropped
+        close = ("Connection: close",) if number == 4 else ()
+        writer.write(_answer("200 OK", b"{}", "Content-Length: 2", *close))
+        return True
+
+    async with Scripted(_answer_when(2)) as busy:
+        transport = busy.transport()
+        try:
+            first = asyncio.ensure_future(_request(transport))
+            await eventually(lambda: transport.open == 1)  # carrying a request, not idle
+            assert transport.counts() == asyncpatch.PoolCounts(open=1, idle=0, opened=1)
+            await asyncio.gather(first, _request(transport))
+            assert transport.counts() == asyncpatch.PoolCounts(open=2, idle=2, opened=2)
+        finally:
+            await transport.aclose()
+        assert transport.counts() == asyncpatch.PoolCounts(open=0, idle=0, opened=2)
+    async with Scripted(handler) as scripted:
+        transport = scripted.transport()
+        try:
+            await asyncio.gather(_request(transport), _request(transport))  # conns 1 and 2
+            with pytest.raises(asyncpatch.TransportError, match="no answer"):
+                await asyncio.gather(*(_request(transport) for _ in range(3)))  # 3rd: new
+            await asyncio.sleep(0.3)  # the two others answered on 1 and 2
+            assert transport.counts() == asyncpatch.PoolCounts(open=2, idle=2, opened=3)
+            for conn in transport._idle:
+                conn.writer.close()  # gone while idle: the pool drops it when taking it
+            await _request(transport)  # conn 4: answered with Connection: close
+            assert transport.counts() == asyncpatch.PoolCounts(open=0, idle=0, opened=4)
+        finally:
+            await transport.aclose()
+
+
 async def test_idle_connections_are_closed_by_a_timer_when_no_write_comes() -> None:
     # A node whose devices stop changing sends nothing more: the timer closes the pool.
     async with Scripted(_answer_when(3)) as scripted:

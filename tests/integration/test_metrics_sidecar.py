@@ -64,6 +64,10 @@ FAMILIES = {
     "kubelet_dra_metrics_server_refused": "counter",
     # issue 22 (the soak): asyncio tasks alive on the event loop
     "kubelet_dra_event_loop_tasks": "gauge",
+    # issue 22 (the soak's RSS): the status-PATCH pool's connections
+    "kubelet_dra_status_patch_connections": "gauge",
+    "kubelet_dra_status_patch_idle_connections": "gauge",
+    "kubelet_dra_status_patch_connections_opened": "counter",
 }
 
 
@@ -214,6 +218,12 @@ async def test_metric_values_follow_the_pipeline(
         assert (first.value("kubelet_dra_pod_write_duration_seconds_count") or 0) >= 2
         age = first.value("kubelet_dra_last_report_age_seconds", driver=DRIVER)
         assert age is not None and 0 <= age < 5
+        # The writes went through the event loop's pool: one connection at least was
+        # opened, and each open one is either idle or carrying a write.
+        assert (first.value("kubelet_dra_status_patch_connections_opened_total") or 0) >= 1
+        pool = first.value("kubelet_dra_status_patch_connections")
+        idle = first.value("kubelet_dra_status_patch_idle_connections")
+        assert pool is not None and idle is not None and 0 <= idle <= pool
 
         # A bad report: an entry without a device name is refused and counted.
         await driver.set_health(device("gpu-0", "Unhealthy", message="XID 48"), device(""))

@@ -322,6 +322,25 @@ def proc_stats(pid: int) -> dict[str, float] | None:
     }
 
 
+def tcp_connections(pid: int, port: int) -> int | None:
+    """TCP connections of ``pid`` to a local ``port`` (the fault proxy's: the API server's
+    connections, urllib3's and the status-PATCH pool's), from ``/proc/<pid>/net/tcp``
+    and the socket inodes among its fds; ``None`` if it is gone."""
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        table = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    wanted = f":{port:04X}"
+    # Columns: sl local_address rem_address st ... uid timeout inode.
+    return sum(1 for row in map(str.split, table) if row[2].endswith(wanted) and row[9] in inodes)
+
+
 def smaps(pid: int) -> str | None:
     """``/proc/<pid>/smaps`` (every mapping with its resident size), or ``None``."""
     try:

@@ -236,8 +236,8 @@ def _fault_counts(soak: Soak) -> dict[str, int]:
 def _peaks(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     names = ("rss_mb", "rss_anon_mb", "rss_file_mb", "malloc_in_use_mb", "malloc_free_mb",
-             "malloc_mmapped_mb", "py_kblocks", "fds", "tasks", "threads", "state_bytes",
-             "state_db_bytes", "wal_bytes")  # fmt: skip
+             "malloc_mmapped_mb", "py_kblocks", "fds", "patch_conns", "tasks", "threads",
+             "state_bytes", "state_db_bytes", "wal_bytes")  # fmt: skip
     for name in (*names, "pending", "wrong"):
         values = [r[name] for r in samples if r.get(name) is not None]
         out[name] = {"min": min(values), "max": max(values)} if values else None
@@ -347,6 +347,9 @@ def _write(soak: Soak, summary: dict[str, Any]) -> None:
         "malloc_mmapped_mb",
         "py_kblocks",
         "fds",
+        "api_conns",
+        "patch_conns",
+        "patch_idle",
         "threads",
         "tasks",
         "state_bytes",

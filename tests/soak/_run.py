@@ -59,6 +59,8 @@ SCRAPED = (
     "kubelet_dra_malloc_free_bytes",
     "kubelet_dra_malloc_mmapped_bytes",
     "kubelet_dra_python_allocated_blocks",
+    "kubelet_dra_status_patch_connections",
+    "kubelet_dra_status_patch_idle_connections",
 )
 #: Pushes of the current report per flood tick, and ticks a second.
 FLOOD_BATCH, FLOOD_TICKS = 50, 10
@@ -517,6 +519,11 @@ class Soak:
             row[f"malloc_{name}_mb"] = None if value is None else value / 2**20
         blocks = found.get("kubelet_dra_python_allocated_blocks")
         row["py_kblocks"] = None if blocks is None else blocks / 1000
+        # The status-PATCH pool (about 280 KB a TLS connection): a step in bytes in use
+        # at the same fd count may be the pool filling while urllib3's emptied.
+        row["patch_conns"] = found.get("kubelet_dra_status_patch_connections")
+        row["patch_idle"] = found.get("kubelet_dra_status_patch_idle_connections")
+        row["api_conns"] = parts.tcp_connections(pid, self.proxy.port) if pid else None
         with contextlib.suppress(OSError):
             sizes = self.disk.state_bytes()
             row["state_bytes"] = sizes["total"]

@@ -311,6 +311,25 @@ def test_the_sidecar_s_rss_is_sampled_with_its_anonymous_and_file_parts() -> Non
     assert text is not None and "[stack]" in text
 
 
+def test_the_sidecar_s_connections_to_the_api_port_are_counted_and_no_others() -> None:
+    import os
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as api, socket.create_server(("127.0.0.1", 0)):
+        port = api.getsockname()[1]
+        before = parts.tcp_connections(os.getpid(), port)
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        accepted = [api.accept()[0] for _ in clients]  # their local port is the API's
+        try:
+            assert (before, parts.tcp_connections(os.getpid(), port)) == (0, 3)
+            clients.pop().close()
+            assert parts.tcp_connections(os.getpid(), port) == 2
+        finally:
+            for sock in clients + accepted:
+                sock.close()
+    assert parts.tcp_connections(2**22 + 1, port) is None  # no such process
+
+
 def test_the_rss_parts_row_gives_each_part_its_unit() -> None:
     fitted: dict[str, float | None] = {name: 1.5 for name in report.PARTS}
     fitted["rss_file_mb"] = None
