@@ -32,6 +32,11 @@ Kinds, each isolating one thing the soak does:
   handshake; ``handshake``, after it and the request, with no answer: what a restarting
   kube-apiserver does to a request in flight); through the status PATCH transport
   (``kube.asyncpatch``) or the official ``ApiClient`` (urllib3, no retries);
+- ``tls-hold-patch`` / ``tls-hold-asyncio``: one more idle keep-alive TLS connection
+  kept, after one answered GET, to a local HTTPS server in a child process: through the
+  status PATCH transport (its own TLS on memory BIOs), or asyncio's TLS streams, the
+  floor it is compared with: the growth per event over ``--batch`` is one pooled
+  connection's cost;
 - ``apiclient``: an official ``ApiClient`` made and closed;
 - ``grpc-channel``: a ``grpc.aio`` channel to a fake driver's unix socket, one
   ``NodeWatchResources`` response read, the channel closed;
@@ -391,7 +396,7 @@ Event = Callable[[], Awaitable[None]]
 @contextlib.asynccontextmanager
 async def micro(kind: str, ns: argparse.Namespace) -> AsyncIterator[Event]:
     with _tmpdir() as tmp:
-        if kind in ("ssl-context", "urllib3-context", "tls-connect", *TLS_FAIL):
+        if kind in ("ssl-context", "urllib3-context", "tls-connect", *TLS_FAIL, *TLS_HOLD):
             certs = _certificates(tmp / "pki")
             ca = str(certs["ca.crt"])
         if kind == "ssl-context":
@@ -437,6 +442,12 @@ async def micro(kind: str, ns: argparse.Namespace) -> AsyncIterator[Event]:
 
                 yield event
                 client.close()
+        elif kind in TLS_HOLD:
+            argv = [sys.executable, "-c", _HTTPS_SERVER, str(certs["serving.crt"])]
+            argv.append(str(certs["serving.key"]))
+            with _child(argv) as (_, port):
+                async with _held_connections(kind, int(port), ca, ns.batch) as event:
+                    yield event
         elif kind in TLS_FAIL:
             argv = [sys.executable, "-c", _CLOSING_SERVER, ns.fail_when]
             argv += [str(certs["serving.crt"]), str(certs["serving.key"])]
@@ -484,6 +495,55 @@ async def micro(kind: str, ns: argparse.Namespace) -> AsyncIterator[Event]:
             yield event
         else:
             raise SystemExit(f"unknown kind {kind}")
+
+
+@contextlib.asynccontextmanager
+async def _held_connections(kind: str, port: int, ca: str, batch: int) -> AsyncIterator[Event]:
+    """``batch`` more idle keep-alive TLS connections per event, each after one answered
+    request, all kept to the end: the growth per event over ``batch`` is what one idle
+    connection of a pool costs. ``tls-hold-patch``: the status-PATCH transport (one per
+    connection, each made by ``Transport.from_client`` and keeping its one idle
+    connection); ``tls-hold-asyncio``: asyncio's own TLS streams
+    (``open_connection(ssl=...)``), the floor the transport is measured against."""
+    import ssl
+
+    import kubernetes.client
+
+    from kubelet_dra.kube import asyncpatch
+
+    config = kubernetes.client.Configuration()
+    config.host, config.ssl_ca_cert = f"https://127.0.0.1:{port}", ca
+    client = kubernetes.client.ApiClient(config)
+    context = ssl.create_default_context(cafile=ca)
+    request = b"GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    transports: list[asyncpatch.Transport] = []
+    streams: list[asyncio.StreamWriter] = []
+
+    async def by_transport() -> None:
+        for _ in range(batch):
+            made = asyncpatch.Transport.from_client(client, timeout=(5.0, 5.0))
+            assert made is not None
+            transports.append(made)
+            answer = await made.request("GET", "/version", "", b"", "application/json")
+            assert answer.status == 200 and made.idle == 1, answer
+
+    async def by_asyncio() -> None:
+        for _ in range(batch):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+            streams.append(writer)
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), head
+            await reader.readexactly(17)  # the body: {"kind":"Status"}
+
+    try:
+        yield by_transport if kind == "tls-hold-patch" else by_asyncio
+    finally:
+        for transport in transports:
+            await transport.aclose()
+        for writer in streams:
+            writer.close()
+        client.close()
 
 
 @contextlib.asynccontextmanager
@@ -651,9 +711,10 @@ def _create_pods(client: Any, count: int) -> None:
 
 
 TLS_FAIL = ("tls-fail-async", "tls-fail-urllib3")
+TLS_HOLD = ("tls-hold-patch", "tls-hold-asyncio")
 MICRO = (
-    "ssl-context", "urllib3-context", "tls-connect", *TLS_FAIL, "apiclient", "grpc-channel",
-    "sqlite",
+    "ssl-context", "urllib3-context", "tls-connect", *TLS_FAIL, *TLS_HOLD, "apiclient",
+    "grpc-channel", "sqlite",
 )  # fmt: skip
 PIPELINE = ("driver-new", "driver-same", "driver-flood", "apiserver-restart")
 

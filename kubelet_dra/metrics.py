@@ -242,8 +242,8 @@ def _loop_metrics(state: State) -> core.Metric:
 
 
 def _patch_pool_metrics(state: State) -> Iterator[core.Metric]:
-    # Each TLS connection holds about 280 KB (asyncio's read buffer and OpenSSL's state):
-    # an RSS step with these risen is the pool filling, not a leak (docs/memory.md).
+    # Each TLS connection holds about 54 KB (OpenSSL's state and the connection's buffers):
+    # a step in memory with these risen is the pool filling, not a leak (docs/memory.md).
     if state.patch_connections is None:
         return
     open_ = _gauge("status_patch_connections", "Open connections of the status-PATCH pool.", [])

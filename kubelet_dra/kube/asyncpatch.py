@@ -25,6 +25,11 @@ The wire protocol is h11's (the sans-IO HTTP/1.1 state machine under httpx):
 it frames the request, parses the answer (``Content-Length``, chunked or
 until close; interim 1xx answers skipped) and says whether the connection
 can carry the next request; this module only moves bytes and keeps the pool.
+TLS is ``ssl.SSLObject`` on memory BIOs over a plain asyncio connection
+(:class:`_Tls`), the handshake checked by the context built from the
+client's settings; not asyncio's SSL transport, whose 256 KiB read buffer
+per connection made each pooled connection cost 290 KB instead of 54
+(``python -m benchmarks.rssprobe tls-hold-asyncio`` / ``tls-hold-patch``).
 Heads are capped at :data:`MAX_HEADER_BYTES` and bodies at
 :data:`MAX_BODY_BYTES` (:class:`BodyTooLarge`). ``Accept-Encoding`` is not
 sent, so bodies come unencoded. :func:`endpoint_of` is the one place that
@@ -54,16 +59,17 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 """The largest answer body read: a pod (what a status PATCH answers) is at most about 1.5 MiB
 in etcd, so a bigger body is a server or proxy gone wrong, not a pod to keep in memory."""
 _READ_SIZE = 64 * 1024
+_TLS_READ = 16 * 1024  # a TLS record's largest plaintext
 MAX_IDLE = 8
 """Idle connections kept (the writer sends at most ``write_concurrency`` at once)."""
 IDLE_TIMEOUT = 90.0
 """Seconds an idle connection is kept before it is closed: client-go's (its transport takes
 ``IdleConnTimeout`` from Go's ``http.DefaultTransport``, 90 s). Each TLS connection holds
-asyncio's 256 KiB read buffer (``asyncio.sslproto``) and OpenSSL's state, about 280 KB;
+OpenSSL's state, about 54 KB (290 KB on asyncio's SSL transport, which this module left);
 without a timeout a burst of concurrent writes (a 429 window, a relist) left up to
-:data:`MAX_IDLE` of them open for the process's life, the 1.7 MB RSS steps of the soak
-(``docs/memory.md``). The most recently used connection is taken first, so the extra ones
-age out while a steady trickle of writes keeps one warm."""
+:data:`MAX_IDLE` of them open for the process's life (``docs/memory.md``). The most
+recently used connection is taken first, so the extra ones age out while a steady trickle
+of writes keeps one warm."""
 
 
 class TransportError(Exception):
@@ -80,10 +86,78 @@ class Answer:
     body: bytes
 
 
+class _Tls:
+    """TLS on two memory BIOs (``ssl.SSLObject``) over a plain TCP connection.
+
+    Not asyncio's SSL transport (``open_connection(ssl=...)``): its protocol
+    (``asyncio.sslproto.SSLProtocol``) allocates a 256 KiB read buffer per
+    connection and keeps it for the connection's life, so a pool of 8 idle
+    connections held 2 MiB (the soak's memray window, docs/memory.md). Here a
+    connection keeps OpenSSL's state and what arrived and was not read yet; a
+    read takes at most one TLS record's plaintext (:data:`_TLS_READ`).
+    """
+
+    __slots__ = ("_incoming", "_outgoing", "_tls")
+
+    def __init__(self, context: ssl.SSLContext, server_hostname: str | None) -> None:
+        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = context.wrap_bio(
+            self._incoming, self._outgoing, server_side=False, server_hostname=server_hostname
+        )
+
+    async def handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Handshake (the server's certificate and name checked by the context)."""
+        while True:
+            try:
+                self._tls.do_handshake()
+                done = True
+            except ssl.SSLWantReadError:
+                done = False
+            writer.write(self._outgoing.read())
+            if done:
+                return
+            if not await self._fill(reader):
+                raise ConnectionResetError("the server closed the connection in the handshake")
+
+    def seal(self, data: bytes) -> bytes:
+        """``data`` as TLS records to send."""
+        self._tls.write(data)
+        return self._outgoing.read()
+
+    async def recv(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+        """Plaintext that arrived, at most one record's; ``b""`` when the server closed."""
+        while True:
+            try:
+                return self._tls.read(_TLS_READ)
+            except ssl.SSLWantReadError:
+                pending = self._outgoing.read()  # what OpenSSL answers (a key update)
+                if pending:
+                    writer.write(pending)
+                if not await self._fill(reader):
+                    return b""  # closed without close_notify: an end, as on a plain socket
+            except ssl.SSLZeroReturnError:
+                return b""  # close_notify
+
+    def goodbye(self) -> bytes:
+        """A close_notify to send before closing (best effort: errors are not ours to raise)."""
+        with contextlib.suppress(ssl.SSLError):
+            self._tls.unwrap()
+        return self._outgoing.read()
+
+    async def _fill(self, reader: asyncio.StreamReader) -> bool:
+        data = await reader.read(_READ_SIZE)
+        if not data:
+            self._incoming.write_eof()
+            return False
+        self._incoming.write(data)
+        return True
+
+
 @dataclasses.dataclass(slots=True)
 class _Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    tls: _Tls | None = None  # None: plain HTTP
     parked: float = 0.0  # when it last went idle (the transport's clock)
     closed: bool = False
     http: h11.Connection = dataclasses.field(
@@ -102,11 +176,22 @@ class _Conn:
             return True
         return False
 
+    def send(self, data: bytes) -> None:
+        self.writer.write(data if self.tls is None else self.tls.seal(data))
+
+    async def recv(self) -> bytes:
+        """What the server sent next; ``b""`` when it closed the connection."""
+        if self.tls is None:
+            return await self.reader.read(_READ_SIZE)
+        return await self.tls.recv(self.reader, self.writer)
+
     def close(self) -> bool:
         """Close it; ``True`` the first time (the transport counts each connection once)."""
         if self.closed:
             return False
         self.closed = True
+        if self.tls is not None and not self.writer.is_closing():
+            self.writer.write(self.tls.goodbye())
         self.writer.close()
         return True
 
@@ -319,9 +404,8 @@ class Transport:
         ep = self._endpoint
         try:
             async with asyncio.timeout(self._connect_timeout):
-                reader, writer = await asyncio.open_connection(
-                    ep.host, ep.port, ssl=ep.ssl, server_hostname=ep.server_hostname,
-                )  # fmt: skip
+                reader, writer = await asyncio.open_connection(ep.host, ep.port)
+                tls = await self._secure(reader, writer)
         except TimeoutError as exc:
             raise TransportError(f"connecting to {ep.host}:{ep.port} timed out") from exc
         except (OSError, ssl.SSLError) as exc:
@@ -330,13 +414,28 @@ class Transport:
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.opened += 1
-        return _Conn(reader, writer)
+        return _Conn(reader, writer, tls)
+
+    async def _secure(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> _Tls | None:
+        """TLS over the new connection when the endpoint has a context; ``None`` when not."""
+        ep = self._endpoint
+        if ep.ssl is None:
+            return None
+        tls = _Tls(ep.ssl, ep.server_hostname)
+        try:
+            await tls.handshake(reader, writer)
+        except BaseException:
+            writer.close()  # connected, never made secure: nothing else would close it
+            raise
+        return tls
 
     async def _exchange(self, conn: _Conn, request: h11.Request, body: bytes) -> Answer:
         try:
             async with asyncio.timeout(self._read_timeout):
                 for event in (request, h11.Data(data=body), h11.EndOfMessage()):
-                    conn.writer.write(conn.http.send(event) or b"")
+                    conn.send(conn.http.send(event) or b"")
                 await conn.writer.drain()
                 return await _read_answer(conn)
         except TimeoutError as exc:
@@ -360,7 +459,7 @@ async def _read_answer(conn: _Conn) -> Answer:
     while True:
         event = conn.http.next_event()
         if event is h11.NEED_DATA:
-            data = await conn.reader.read(_READ_SIZE)
+            data = await conn.recv()
             if not data and not received:
                 raise _Closed("the server closed the connection")
             received += len(data)

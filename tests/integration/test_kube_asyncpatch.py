@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import os
+import pathlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -23,6 +27,7 @@ from kubelet_dra import errors
 from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import asyncpatch
 from kubelet_dra.testing import eventually, fakeapi
+from tests.interop import _apiserver
 
 STATUS = r"/pods/p1/status$"
 
@@ -156,11 +161,38 @@ Handler = Callable[[int, bytes, asyncio.StreamWriter], Awaitable[bool]]
 """(connection number, request head, writer) -> keep the connection open."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Wire:
+    """How the scripted server is reached: plain TCP, or TLS with the client checking the
+    server's certificate and name (the transport's own TLS layer, ``asyncpatch._Tls``)."""
+
+    server: ssl.SSLContext | None = None
+    client: ssl.SSLContext | None = None
+
+
+def _tls_wire(pki: dict[str, pathlib.Path]) -> Wire:
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(pki["serving.crt"], pki["serving.key"])
+    return Wire(server, ssl.create_default_context(cafile=str(pki["ca.crt"])))
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
+    return _apiserver.make_certificates(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(params=["tcp", "tls"])
+def wire(request: pytest.FixtureRequest, pki: dict[str, pathlib.Path]) -> Wire:
+    """Each scripted test runs over TCP and over TLS."""
+    return Wire() if request.param == "tcp" else _tls_wire(pki)
+
+
 class Scripted:
     """An HTTP/1.1 server on a real socket whose answers a test writes."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, wire: Wire | None = None) -> None:
         self.handler = handler
+        self.wire = wire or Wire()
         self.connections = 0
         self.ended = 0  # connections the client closed
         self.heads: list[bytes] = []
@@ -168,7 +200,7 @@ class Scripted:
         self._writers: list[asyncio.StreamWriter] = []
 
     async def __aenter__(self) -> Scripted:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.wire.server)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -186,7 +218,8 @@ class Scripted:
     def transport(
         self, headers: Callable[[], dict[str, str]] | None = None, **kwargs: Any
     ) -> asyncpatch.Transport:
-        endpoint = asyncpatch.Endpoint("127.0.0.1", self.port, None, None, "")
+        name = "127.0.0.1" if self.wire.client is not None else None
+        endpoint = asyncpatch.Endpoint("127.0.0.1", self.port, self.wire.client, name, "")
         make = headers or (lambda: {"Authorization": "Bearer t"})
         return asyncpatch.Transport(endpoint, lambda *_: make(), timeout=(1.0, 0.2), **kwargs)
 
@@ -221,14 +254,14 @@ async def _request(transport: asyncpatch.Transport) -> asyncpatch.Answer:
     return await transport.request("PATCH", "/api/v1/x", "a=b", b"[]", kube_api.JSON_PATCH)
 
 
-async def test_chunked_answers_on_one_keep_alive_connection() -> None:
+async def test_chunked_answers_on_one_keep_alive_connection(wire: Wire) -> None:
     async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
         body = json.dumps({"n": len(scripted.heads)}).encode()
         chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:3], body[3:]))
         writer.write(_answer("200 OK", chunks + b"0\r\n\r\n", "Transfer-Encoding: chunked"))
         return True
 
-    async with Scripted(handler) as scripted:
+    async with Scripted(handler, wire) as scripted:
         port = scripted.port
         transport = scripted.transport()
         try:
@@ -243,7 +276,7 @@ async def test_chunked_answers_on_one_keep_alive_connection() -> None:
     assert "Authorization: Bearer t\r\n" in head and "Content-Length: 2\r\n" in head
 
 
-async def test_connection_close_and_a_closed_idle_connection_open_a_new_one() -> None:
+async def test_connection_close_and_a_closed_idle_connection_open_a_new_one(wire: Wire) -> None:
     async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
         if number == 1:
             writer.write(_answer("200 OK", b"{}", "Content-Length: 2", "Connection: close"))
@@ -251,7 +284,7 @@ async def test_connection_close_and_a_closed_idle_connection_open_a_new_one() ->
         writer.write(_answer("200 OK", b"{}", "Content-Length: 2"))
         return number != 2  # the second connection is closed after answering, silently
 
-    async with Scripted(handler) as scripted:
+    async with Scripted(handler, wire) as scripted:
         transport = scripted.transport()
         try:
             for _ in range(3):
@@ -262,7 +295,7 @@ async def test_connection_close_and_a_closed_idle_connection_open_a_new_one() ->
     assert scripted.connections == 3
 
 
-async def test_a_401_asks_for_the_headers_again_once() -> None:
+async def test_a_401_asks_for_the_headers_again_once(wire: Wire) -> None:
     tokens = iter(["old", "new", "newer"])
 
     async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
@@ -271,7 +304,7 @@ async def test_a_401_asks_for_the_headers_again_once() -> None:
         writer.write(_answer(status, b"{}", "Content-Length: 2"))
         return True
 
-    async with Scripted(handler) as scripted:
+    async with Scripted(handler, wire) as scripted:
         transport = scripted.transport(lambda: {"Authorization": f"Bearer {next(tokens)}"})
         try:
             assert (await _request(transport)).status == 200
@@ -281,14 +314,14 @@ async def test_a_401_asks_for_the_headers_again_once() -> None:
     assert len(scripted.heads) == 3
 
 
-async def test_no_answer_is_a_transport_error_and_the_connection_is_dropped() -> None:
+async def test_no_answer_is_a_transport_error_and_the_connection_is_dropped(wire: Wire) -> None:
     async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
         if number == 1:
             return True  # never answers
         writer.write(_answer("204 No Content", b""))
         return True
 
-    async with Scripted(handler) as scripted:
+    async with Scripted(handler, wire) as scripted:
         transport = scripted.transport()
         try:
             with pytest.raises(asyncpatch.TransportError, match="no answer"):
@@ -299,12 +332,12 @@ async def test_no_answer_is_a_transport_error_and_the_connection_is_dropped() ->
     assert scripted.connections == 2
 
 
-async def test_garbage_is_a_transport_error() -> None:
+async def test_garbage_is_a_transport_error(wire: Wire) -> None:
     async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
         writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
         return True
 
-    async with Scripted(handler) as scripted:
+    async with Scripted(handler, wire) as scripted:
         transport = scripted.transport()
         try:
             with pytest.raises(asyncpatch.TransportError, match=r"not an HTTP/1\.1 answer"):
@@ -315,7 +348,7 @@ async def test_garbage_is_a_transport_error() -> None:
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 async def test_a_body_over_the_cap_is_a_clear_error_and_the_next_request_works(
-    chunked: bool, monkeypatch: pytest.MonkeyPatch
+    chunked: bool, monkeypatch: pytest.MonkeyPatch, wire: Wire
 ) -> None:
     monkeypatch.setattr(asyncpatch, "MAX_BODY_BYTES", 1000)
     big = b"x" * 1001
@@ -332,7 +365,7 @@ async def test_a_body_over_the_cap_is_a_clear_error_and_the_next_request_works(
             writer.write(_answer("200 OK", b"{}", "Content-Length: 2"))
         return True
 
-    async with Scripted(handler) as scripted:
+    async with Scripted(handler, wire) as scripted:
         transport = scripted.transport()
         try:
             with pytest.raises(asyncpatch.BodyTooLarge, match="exceeds 1000 bytes"):
@@ -361,11 +394,13 @@ def _answer_when(count: int) -> Handler:
     return handler
 
 
-async def test_connections_idle_past_the_idle_timeout_are_closed_the_newest_kept() -> None:
-    # A burst of 4 concurrent writes leaves 4 connections, each holding asyncio's 256 KiB
-    # TLS read buffer in production: they must not stay for the process's life.
+async def test_connections_idle_past_the_idle_timeout_are_closed_the_newest_kept(
+    wire: Wire,
+) -> None:
+    # A burst of 4 concurrent writes leaves 4 connections, each holding OpenSSL's state
+    # over TLS in production: they must not stay for the process's life.
     now = [0.0]
-    async with Scripted(_answer_when(4)) as scripted:
+    async with Scripted(_answer_when(4), wire) as scripted:
         transport = scripted.transport(clock=lambda: now[0], idle_timeout=90.0)
         try:
             await asyncio.gather(*(_request(transport) for _ in range(4)))
@@ -386,7 +421,7 @@ async def test_connections_idle_past_the_idle_timeout_are_closed_the_newest_kept
             await transport.aclose()
 
 
-async def test_the_pool_counts_each_connection_while_it_is_open() -> None:
+async def test_the_pool_counts_each_connection_while_it_is_open(wire: Wire) -> None:
     # kubelet_dra_status_patch_connections: the soak tells a pool that filled from a leak
     # by it, so every way a connection ends must take it off, once.
     async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
@@ -396,7 +431,7 @@ async def test_the_pool_counts_each_connection_while_it_is_open() -> None:
         writer.write(_answer("200 OK", b"{}", "Content-Length: 2", *close))
         return True
 
-    async with Scripted(_answer_when(2)) as busy:
+    async with Scripted(_answer_when(2), wire) as busy:
         transport = busy.transport()
         try:
             first = asyncio.ensure_future(_request(transport))
@@ -407,7 +442,7 @@ async def test_the_pool_counts_each_connection_while_it_is_open() -> None:
         finally:
             await transport.aclose()
         assert transport.counts() == asyncpatch.PoolCounts(open=0, idle=0, opened=2)
-    async with Scripted(handler) as scripted:
+    async with Scripted(handler, wire) as scripted:
         transport = scripted.transport()
         try:
             await asyncio.gather(_request(transport), _request(transport))  # conns 1 and 2
@@ -423,9 +458,9 @@ async def test_the_pool_counts_each_connection_while_it_is_open() -> None:
             await transport.aclose()
 
 
-async def test_idle_connections_are_closed_by_a_timer_when_no_write_comes() -> None:
+async def test_idle_connections_are_closed_by_a_timer_when_no_write_comes(wire: Wire) -> None:
     # A node whose devices stop changing sends nothing more: the timer closes the pool.
-    async with Scripted(_answer_when(3)) as scripted:
+    async with Scripted(_answer_when(3), wire) as scripted:
         transport = scripted.transport(idle_timeout=0.05)
         try:
             await asyncio.gather(*(_request(transport) for _ in range(3)))
@@ -436,3 +471,69 @@ async def test_idle_connections_are_closed_by_a_timer_when_no_write_comes() -> N
             assert transport.opened == 4
         finally:
             await transport.aclose()
+
+
+# -- TLS: the transport's own layer (asyncpatch._Tls) ----------------------------------
+
+
+async def test_a_certificate_the_context_refuses_fails_the_connect_and_leaves_nothing_open(
+    pki: dict[str, pathlib.Path],
+) -> None:
+    ok = _tls_wire(pki)
+    stranger = ssl.create_default_context()  # the system's CAs: not the server's
+    async with Scripted(_answer_when(1), Wire(ok.server, stranger)) as scripted:
+        transport = scripted.transport()
+        try:
+            fds = len(os.listdir("/proc/self/fd"))
+            with pytest.raises(asyncpatch.TransportError, match=r"cannot connect.*CERTIFICATE"):
+                await _request(transport)
+            assert transport.counts() == asyncpatch.PoolCounts(open=0, idle=0, opened=0)
+            # The TCP connection made before the handshake is closed, not left to the GC.
+            await eventually(lambda: len(os.listdir("/proc/self/fd")) == fds)
+        finally:
+            await transport.aclose()
+    async with Scripted(_answer_when(1), ok) as scripted:  # the name must match too
+        endpoint = asyncpatch.Endpoint("127.0.0.1", scripted.port, ok.client, "api.example", "")
+        transport = asyncpatch.Transport(endpoint, lambda *_: {}, timeout=(1.0, 0.2))
+        try:
+            with pytest.raises(asyncpatch.TransportError, match=r"cannot connect.*api\.example"):
+                await _request(transport)
+        finally:
+            await transport.aclose()
+
+
+async def test_a_server_that_closes_in_the_handshake_is_a_transport_error() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        record = await reader.readexactly(5)  # the ClientHello's record, then a close
+        await reader.readexactly(int.from_bytes(record[3:5], "big"))
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    endpoint = asyncpatch.Endpoint("127.0.0.1", port, ssl.create_default_context(), "x", "")
+    transport = asyncpatch.Transport(endpoint, lambda *_: {}, timeout=(1.0, 0.2))
+    try:
+        with pytest.raises(asyncpatch.TransportError, match="closed the connection in the hand"):
+            await _request(transport)
+        assert transport.open == 0
+    finally:
+        await transport.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_body_of_many_tls_records_arrives_whole(pki: dict[str, pathlib.Path]) -> None:
+    big = bytes(range(256)) * 1200  # 300 KB: about 19 records of 16 KiB
+
+    async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(_answer("200 OK", big, f"Content-Length: {len(big)}"))
+        return True
+
+    async with Scripted(handler, _tls_wire(pki)) as scripted:
+        transport = scripted.transport()
+        try:
+            for _ in range(2):
+                assert (await _request(transport)).body == big
+        finally:
+            await transport.aclose()
+    assert scripted.connections == 1
