@@ -101,7 +101,8 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
     "--malloc-trim-interval": (
         "malloc_trim_interval",
         "KUBELET_DRA_MALLOC_TRIM_INTERVAL",
-        "seconds between glibc malloc_trim calls giving freed heap back (default 60; 0 = never)",
+        "seconds between a full garbage collection and glibc malloc_trim giving freed heap "
+        "back (default 60; 0 = never)",
     ),
     "--malloc-arena-max": (
         "malloc_arena_max",

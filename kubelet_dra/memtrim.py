@@ -15,8 +15,16 @@ again. This stays as a cheap bound on that free heap, nothing more.
 
 :class:`Trimmer` calls it every ``interval`` seconds on a worker thread (it takes glibc's
 arena locks for a few milliseconds; the event loop keeps turning) and counts the calls
-and the bytes of RSS each gave back, for ``/metrics``. Not glibc (musl, macOS), or
-``interval`` 0: it does nothing. Time is injected (``clock``).
+and the bytes of RSS each gave back, for ``/metrics``. Before each call it runs a full
+garbage collection on the event loop (about 15 ms): a failed connection leaves its
+objects in a reference cycle (the exception's traceback holds the frames that hold the
+connection, whose stream holds the exception), and once a cycle holds an object old
+enough to live in the oldest generation only a full collection frees it, which CPython
+runs when the objects promoted since the last one reach a quarter of those already
+there, which in a steady sidecar may take hours. That is what the soak's step at a
+kube-apiserver restart was (``docs/memory.md``; ``benchmarks.rssprobe`` collects before
+each sample, which is why it measured those restarts as about 10 KB). Not glibc (musl,
+macOS): it only collects. ``interval`` 0: it does neither. Time is injected (``clock``).
 
 Its collector also exports glibc's own account of the heap at each scrape
 (``mallinfo2()``, glibc 2.33 and later; nothing where it is absent): the bytes malloc
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import logging
 import os
 import sys
@@ -146,7 +155,7 @@ def glibc_mallinfo() -> MallocState | None:
 
 
 class Trimmer:
-    """Calls ``trim`` every ``interval`` seconds; counts the calls and the RSS given back."""
+    """Every ``interval`` seconds: a full garbage collection, then ``trim``; counts both."""
 
     def __init__(
         self,
@@ -156,18 +165,30 @@ class Trimmer:
         trim: Callable[[], int] | None = None,
         rss: Callable[[], int] = rss_bytes,
         mallinfo: MallocState | None = None,
+        collect: Callable[[], int] = gc.collect,
     ) -> None:
         self.interval = interval
         self._clock = clock
         self._trim = trim if trim is not None else glibc_trim()
         self._rss = rss
         self._mallinfo = mallinfo if mallinfo is not None else glibc_mallinfo()
+        self._collect = collect
         self.trims = 0
         self.released_bytes = 0
+        self.collections = 0
+        self.collected = 0
 
     @property
     def enabled(self) -> bool:
-        return self.interval > 0 and self._trim is not None
+        return self.interval > 0
+
+    def collect_once(self) -> int:
+        """A full collection (call on the event loop: the finalizers of asyncio objects it
+        frees must run there); returns the unreachable objects it found."""
+        found = self._collect()
+        self.collections += 1
+        self.collected += found
+        return found
 
     def trim_once(self) -> int:
         """One call (any thread); returns the bytes of RSS it gave back (0 if none)."""
@@ -183,12 +204,17 @@ class Trimmer:
         return released
 
     async def run(self) -> None:
-        """Trim every ``interval`` seconds until cancelled (returns at once if disabled)."""
+        """Collect and trim every ``interval`` seconds until cancelled (returns at once if
+        the interval is 0; without glibc it only collects)."""
         if not self.enabled:
             return
         while True:
             await self._clock.sleep(self.interval)
-            await asyncio.to_thread(self.trim_once)
+            # First the cycles: what they hold is only freed by a collection, and the
+            # trim can then give its pages back.
+            self.collect_once()
+            if self._trim is not None:
+                await asyncio.to_thread(self.trim_once)
 
     def collector(self) -> registry.Collector:
         """The two counters and glibc's two heap gauges, for a metrics registry."""
@@ -211,6 +237,18 @@ class _Collector(registry.Collector):
         released.add_metric([], self._trimmer.released_bytes)
         yield trims
         yield released
+        collections = core.CounterMetricFamily(
+            "kubelet_dra_gc_collections",
+            "Full garbage collections run every --malloc-trim-interval, before the trim.",
+        )
+        collections.add_metric([], self._trimmer.collections)
+        collected = core.CounterMetricFamily(
+            "kubelet_dra_gc_collected_objects",
+            "Unreachable objects (reference cycles) those collections freed.",
+        )
+        collected.add_metric([], self._trimmer.collected)
+        yield collections
+        yield collected
         blocks = core.GaugeMetricFamily(
             "kubelet_dra_python_allocated_blocks",
             "Memory blocks the Python interpreter has allocated now (sys.getallocatedblocks): "

@@ -92,64 +92,99 @@ class _Tls:
     Not asyncio's SSL transport (``open_connection(ssl=...)``): its protocol
     (``asyncio.sslproto.SSLProtocol``) allocates a 256 KiB read buffer per
     connection and keeps it for the connection's life, so a pool of 8 idle
-    connections held 2 MiB (the soak's memray window, docs/memory.md). Here a
-    connection keeps OpenSSL's state and what arrived and was not read yet; a
-    read takes at most one TLS record's plaintext (:data:`_TLS_READ`).
+    connections held 2 MiB (the soak's memray window, docs/memory.md), and a
+    connection that failed kept it in a reference cycle until a full garbage
+    collection. Here a connection keeps OpenSSL's state and what arrived and
+    was not read yet; a read takes at most one TLS record's plaintext
+    (:data:`_TLS_READ`); :meth:`close` lets OpenSSL's state go at once.
     """
 
-    __slots__ = ("_incoming", "_outgoing", "_tls")
+    __slots__ = ("_state",)
 
     def __init__(self, context: ssl.SSLContext, server_hostname: str | None) -> None:
-        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self._tls = context.wrap_bio(
-            self._incoming, self._outgoing, server_side=False, server_hostname=server_hostname
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = context.wrap_bio(
+            incoming, outgoing, server_side=False, server_hostname=server_hostname
         )
+        # OpenSSL's state and the bytes received and to send: None once closed.
+        self._state: tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO] | None = (
+            tls,
+            incoming,
+            outgoing,
+        )
+
+    @property
+    def _live(self) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO]:
+        if self._state is None:
+            raise ConnectionResetError("the TLS connection was closed")
+        return self._state
+
+    # The coroutines keep no TLS object in a local across a wait: a connection that fails
+    # leaves its frames in a reference cycle, and what they hold waits for the collector.
 
     async def handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Handshake (the server's certificate and name checked by the context)."""
-        while True:
-            try:
-                self._tls.do_handshake()
-                done = True
-            except ssl.SSLWantReadError:
-                done = False
-            writer.write(self._outgoing.read())
-            if done:
-                return
+        while not self._shake(writer):
             if not await self._fill(reader):
                 raise ConnectionResetError("the server closed the connection in the handshake")
 
     def seal(self, data: bytes) -> bytes:
         """``data`` as TLS records to send."""
-        self._tls.write(data)
-        return self._outgoing.read()
+        tls, _, outgoing = self._live
+        tls.write(data)
+        return outgoing.read()
 
     async def recv(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
         """Plaintext that arrived, at most one record's; ``b""`` when the server closed."""
-        while True:
-            try:
-                return self._tls.read(_TLS_READ)
-            except ssl.SSLWantReadError:
-                pending = self._outgoing.read()  # what OpenSSL answers (a key update)
-                if pending:
-                    writer.write(pending)
-                if not await self._fill(reader):
-                    return b""  # closed without close_notify: an end, as on a plain socket
-            except ssl.SSLZeroReturnError:
-                return b""  # close_notify
+        while (data := self._read(writer)) is None:
+            if not await self._fill(reader):
+                return b""  # closed without close_notify: an end, as on a plain socket
+        return data
 
-    def goodbye(self) -> bytes:
-        """A close_notify to send before closing (best effort: errors are not ours to raise)."""
-        with contextlib.suppress(ssl.SSLError):
-            self._tls.unwrap()
-        return self._outgoing.read()
+    def _shake(self, writer: asyncio.StreamWriter) -> bool:
+        """One step of the handshake; True when it is done."""
+        tls, _, outgoing = self._live
+        try:
+            tls.do_handshake()
+            done = True
+        except ssl.SSLWantReadError:
+            done = False
+        writer.write(outgoing.read())
+        return done
+
+    def _read(self, writer: asyncio.StreamWriter) -> bytes | None:
+        """Plaintext already here; ``b""`` at close_notify; None: more bytes are needed."""
+        tls, _, outgoing = self._live
+        try:
+            return tls.read(_TLS_READ)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLZeroReturnError:
+            return b""
+        pending = outgoing.read()  # what OpenSSL answers (a key update)
+        if pending:
+            writer.write(pending)
+        return None
+
+    def close(self, *, notify: bool) -> bytes:
+        """Let OpenSSL's state and the buffers go; a close_notify to send first when
+        ``notify``."""
+        goodbye = b""
+        if notify and self._state is not None:
+            tls, _, outgoing = self._state
+            with contextlib.suppress(ssl.SSLError):
+                tls.unwrap()
+            goodbye = outgoing.read()
+        self._state = None
+        return goodbye
 
     async def _fill(self, reader: asyncio.StreamReader) -> bool:
         data = await reader.read(_READ_SIZE)
+        _, incoming, _ = self._live  # after the wait: the connection may have been closed
         if not data:
-            self._incoming.write_eof()
+            incoming.write_eof()
             return False
-        self._incoming.write(data)
+        incoming.write(data)
         return True
 
 
@@ -190,8 +225,14 @@ class _Conn:
         if self.closed:
             return False
         self.closed = True
-        if self.tls is not None and not self.writer.is_closing():
-            self.writer.write(self.tls.goodbye())
+        if self.tls is not None:
+            # OpenSSL's state goes now, not with the stream: a connection that failed sits
+            # in a reference cycle (its stream keeps the exception, whose frames keep the
+            # TLS layer) until a full garbage collection.
+            alive = not (self.reader.at_eof() or self.writer.is_closing())
+            goodbye = self.tls.close(notify=alive)
+            if goodbye:
+                self.writer.write(goodbye)
         self.writer.close()
         return True
 
@@ -427,6 +468,7 @@ class Transport:
         try:
             await tls.handshake(reader, writer)
         except BaseException:
+            tls.close(notify=False)
             writer.close()  # connected, never made secure: nothing else would close it
             raise
         return tls

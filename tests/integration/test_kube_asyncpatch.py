@@ -13,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import pathlib
+import socket
 import ssl
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -537,3 +540,37 @@ async def test_a_body_of_many_tls_records_arrives_whole(pki: dict[str, pathlib.P
         finally:
             await transport.aclose()
     assert scripted.connections == 1
+
+
+async def test_a_failed_tls_connection_leaves_no_openssl_state_to_the_garbage_collector(
+    pki: dict[str, pathlib.Path],
+) -> None:
+    # A connection that fails sits in a reference cycle (its stream keeps the exception,
+    # whose frames keep the connection) until a full collection, which a steady process
+    # may not run for hours: what the cycle holds must be small (the soak's step).
+    async def handler(number: int, head: bytes, writer: asyncio.StreamWriter) -> bool:
+        # A reset after the request, no answer: a kube-apiserver going away mid-request.
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+        return False
+
+    async with Scripted(handler, _tls_wire(pki)) as scripted:
+        transport = scripted.transport()
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(6):
+                with pytest.raises(asyncpatch.TransportError):
+                    await _request(transport)
+            await asyncio.sleep(0.05)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            kept = [o for o in gc.garbage if isinstance(o, (ssl.SSLObject, ssl.MemoryBIO))]
+            assert kept == [], f"{len(kept)} TLS objects left to the collector"
+            assert transport.open == 0
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+            await transport.aclose()

@@ -25,7 +25,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("", "_bucket", "_count", "_su
 
 
 def exposed() -> frozenset[str]:
-    state = metrics.State(taint_bridge="active")
+    state = metrics.State(taint_bridge="active", patch_connections=0)
     families = [
         *metrics.Metrics(lambda: state).registry.collect(),
         *_server_families(),
