@@ -14,7 +14,11 @@ allocator (``pyarenas``: its 1 MiB arenas, mmapped outside malloc;
 ``tracemalloc``'s traced total, and after the warm-up events prints the median
 growth per event and the least-squares slope of each. ``--trim`` calls
 ``malloc_trim(0)`` before every sample (what ``kubelet_dra.memtrim`` does every
-60 s), so what stays is not whole free pages. ``--mmap-threshold BYTES`` /
+60 s), so what stays is not whole free pages. Every sample follows a ``gc.collect()``,
+which frees what reference cycles hold; ``--keep-cycles`` leaves it out and turns the
+automatic collector off, which counts them as a long-lived process does between its rare
+full collections (a failed connection's cycle: the soak's step at a kube-apiserver
+restart, ``docs/memory.md``). ``--mmap-threshold BYTES`` /
 ``--trim-threshold BYTES`` call ``mallopt(M_MMAP_THRESHOLD / M_TRIM_THRESHOLD)`` first,
 which turns off glibc's dynamic adjustment of both; at the end the probe prints the mmap
 threshold found by trial (:func:`mmap_threshold`).
@@ -199,8 +203,9 @@ def mmap_threshold() -> int:
     return 0
 
 
-def sample(*, trim: bool) -> dict[str, int]:
-    gc.collect()
+def sample(*, trim: bool, collect: bool = True) -> dict[str, int]:
+    if collect:
+        gc.collect()
     if trim and LIBC is not None:
         LIBC.malloc_trim(0)
     out = rss()
@@ -722,14 +727,16 @@ PIPELINE = ("driver-new", "driver-same", "driver-flood", "apiserver-restart")
 async def run(ns: argparse.Namespace) -> list[dict[str, int]]:
     if ns.tracemalloc:
         tracemalloc.start()
+    if ns.keep_cycles:
+        gc.disable()
     probe = micro if ns.kind in MICRO else pipeline
     samples: list[dict[str, int]] = []
     async with probe(ns.kind, ns) as event:
-        samples.append(sample(trim=ns.trim))
+        samples.append(sample(trim=ns.trim, collect=not ns.keep_cycles))
         for i in range(ns.events):
             await event()
             await asyncio.sleep(ns.settle)
-            samples.append(sample(trim=ns.trim))
+            samples.append(sample(trim=ns.trim, collect=not ns.keep_cycles))
             if ns.verbose:
                 row = samples[-1]
                 print(i, " ".join(f"{k}={v / 1024:.0f}k" for k, v in row.items()), flush=True)
@@ -761,6 +768,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--flood-reports", type=int, default=200, help="driver-flood: reports per flood"
     )
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) before each sample")
+    parser.add_argument(
+        "--keep-cycles",
+        action="store_true",
+        help="no gc.collect() before each sample, and the automatic collector off: what "
+        "reference cycles hold is counted, as in a process whose full collections are rare",
+    )
     parser.add_argument("--tracemalloc", action="store_true", help="also sample traced memory")
     parser.add_argument(
         "--shared-ssl-context",
