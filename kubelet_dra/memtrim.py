@@ -1,4 +1,6 @@
-"""Give freed heap memory back to the OS now and then (glibc ``malloc_trim``).
+"""Free reference cycles and give freed heap back to the OS, every minute or so.
+
+A full garbage collection, then glibc's ``malloc_trim``.
 
 No kubelet file mirrors this: Go's runtime returns idle heap spans to the OS itself
 (the scavenger). CPython on glibc does not: a relist, a burst of reports or a new gRPC
@@ -11,7 +13,7 @@ still showed them, so those steps are not free heap. ``docs/memory.md`` (``pytho
 benchmarks.rssprobe``) measured each event in isolation: a driver restart keeps about
 2 KB of malloc'd memory, a kube-apiserver restart about 10 KB, a flood none, while the
 free heap glibc keeps (``fordblks``) swings by up to 2 MB around a burst and shrinks
-again. This stays as a cheap bound on that free heap, nothing more.
+again. The trim stays as a cheap bound on that free heap, nothing more.
 
 :class:`Trimmer` calls it every ``interval`` seconds on a worker thread (it takes glibc's
 arena locks for a few milliseconds; the event loop keeps turning) and counts the calls

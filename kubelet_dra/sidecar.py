@@ -28,8 +28,9 @@ class Sidecar:
         self.manager = DRAHealthManager(observer, api_client=api_client)
         self.server: metrics.Server | None = None
         self._beat: asyncio.Task[None] | None = None
-        # A cheap bound on free heap glibc keeps; not a cure for the soak's RSS steps,
-        # which were not that (memtrim's docstring, docs/memory.md).
+        # Reference cycles freed each minute (failed connections' cycles were the soak's
+        # step at a kube-apiserver restart), then a cheap bound on the free heap glibc
+        # keeps (memtrim's docstring, docs/memory.md).
         self.trimmer = memtrim.Trimmer(
             self.manager.settings.malloc_trim_interval, clock=self.manager.clock
         )
