@@ -228,29 +228,30 @@ class _Collector(registry.Collector):
         self._trimmer = trimmer
 
     def collect(self) -> Iterator[core.Metric]:
-        trims = core.CounterMetricFamily(
-            "kubelet_dra_malloc_trims", "Calls of glibc malloc_trim (--malloc-trim-interval)."
+        # An unlabelled family takes its one value at construction.
+        t = self._trimmer
+        yield from (
+            core.CounterMetricFamily(
+                "kubelet_dra_malloc_trims",
+                "Calls of glibc malloc_trim (--malloc-trim-interval).",
+                value=t.trims,
+            ),
+            core.CounterMetricFamily(
+                "kubelet_dra_malloc_trim_released_bytes",
+                "Bytes of resident memory malloc_trim gave back to the OS.",
+                value=t.released_bytes,
+            ),
+            core.CounterMetricFamily(
+                "kubelet_dra_gc_collections",
+                "Full garbage collections run every --malloc-trim-interval, before the trim.",
+                value=t.collections,
+            ),
+            core.CounterMetricFamily(
+                "kubelet_dra_gc_collected_objects",
+                "Unreachable objects (reference cycles) those collections freed.",
+                value=t.collected,
+            ),
         )
-        trims.add_metric([], self._trimmer.trims)
-        released = core.CounterMetricFamily(
-            "kubelet_dra_malloc_trim_released_bytes",
-            "Bytes of resident memory malloc_trim gave back to the OS.",
-        )
-        released.add_metric([], self._trimmer.released_bytes)
-        yield trims
-        yield released
-        collections = core.CounterMetricFamily(
-            "kubelet_dra_gc_collections",
-            "Full garbage collections run every --malloc-trim-interval, before the trim.",
-        )
-        collections.add_metric([], self._trimmer.collections)
-        collected = core.CounterMetricFamily(
-            "kubelet_dra_gc_collected_objects",
-            "Unreachable objects (reference cycles) those collections freed.",
-        )
-        collected.add_metric([], self._trimmer.collected)
-        yield collections
-        yield collected
         blocks = core.GaugeMetricFamily(
             "kubelet_dra_python_allocated_blocks",
             "Memory blocks the Python interpreter has allocated now (sys.getallocatedblocks): "
