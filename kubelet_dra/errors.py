@@ -12,10 +12,13 @@
 
 Foreign exceptions (grpc, kubernetes, sqlite3) are re-raised as one of these
 with the original chained as ``__cause__``, so callers never import the
-libraries we wrap to catch our failures.
+libraries we wrap to catch our failures. :func:`drop_frames` is applied to the
+foreign exception first, so that a failure leaves no reference cycle behind.
 """
 
 from __future__ import annotations
+
+import traceback
 
 
 class KubeletDraError(Exception):
@@ -63,3 +66,25 @@ class ApiError(KubeletDraError):
 
 class PodGone(ApiError):
     """The pod was deleted (404) or replaced by another with the same name."""
+
+
+def drop_frames(exc: BaseException | None) -> None:
+    """Clear the local variables of the finished frames in ``exc``'s tracebacks.
+
+    A failed request leaves a reference cycle: the exception holds its traceback,
+    the traceback its frames, and a frame a local that holds the exception again
+    (urllib3's retry loop keeps the error it re-raises; tenacity's retry state keeps
+    the outcome). Such a cycle is freed only by a garbage collection, and until
+    then it pins whatever the frames hold: in an API outage, 54 objects for each
+    failed call and 75 more for each retry round (docs/memory.md). Memory
+    allocated meanwhile lands beside them, which is how a 20-second outage left
+    the sidecar a megabyte of CPython arenas. With the locals cleared the chain
+    dies with its last reference, and the traceback still names every line (only
+    the values of the locals are gone). Frames still running are skipped;
+    ``__cause__`` and ``__context__`` are followed.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__

@@ -341,8 +341,10 @@ class Api:
         try:
             return self._request("GET", path, query=query, timeout=timeout)
         except ApiException as exc:
+            errors.drop_frames(exc)
             raise translate(what, exc) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            errors.drop_frames(exc)
             raise CallError(f"{what}: connection lost ({exc})") from exc
 
     # -- requests ------------------------------------------------------------
@@ -381,8 +383,10 @@ class Api:
             data: dict[str, Any] = json.loads(response.data or b"{}")
             return data
         except ApiException as exc:
+            errors.drop_frames(exc)  # no cycle left to the collector (errors.drop_frames)
             raise translate(what, exc, pod=pod) from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            errors.drop_frames(exc)
             raise CallError(f"{what}: connection lost ({exc})") from exc
 
     def _watch(
@@ -398,6 +402,7 @@ class Api:
         try:
             yield from _events(what, response)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            errors.drop_frames(exc)
             raise CallError(f"{what}: connection lost ({exc})") from exc
         finally:
             response.release_conn()

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import tenacity
 
 from kubelet_dra import clock as clock_mod
+from kubelet_dra import errors
 from kubelet_dra.kube import api as kube_api
 
 
@@ -143,9 +144,22 @@ class RetryingCaller:
         except Exception as exc:
             if self._max_attempts <= 1 or not kube_api.is_transient(exc):
                 raise
-            first = exc
+            delay = self._delay(exc, 1)
         self._counts.results["retried"] += 1
-        await self._clock.sleep(self._delay(first, 1))
+        await self._clock.sleep(delay)
+        try:
+            return await self._retry(fn, args, spare)
+        except Exception as exc:
+            # tenacity's retry state holds the outcome, whose traceback holds the
+            # frames that hold the retry state: a cycle per failed round, unless the
+            # finished frames let go of it (errors.drop_frames).
+            errors.drop_frames(exc)
+            raise
+
+    async def _retry(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], spare: bool
+    ) -> dict[str, Any]:
+        """The attempts after the first, under tenacity."""
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception(kube_api.is_transient),
             wait=self._wait,
@@ -154,10 +168,13 @@ class RetryingCaller:
             before_sleep=self._count_retry,
             reraise=True,
         )
-        async for attempt in retrying:
-            with attempt:
-                return await self._attempt(fn, args, spare)
-        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+        try:
+            answer: dict[str, Any] = await retrying(self._attempt, fn, args, spare)
+            return answer
+        finally:
+            # The retrying object keeps its next actions, bound methods of itself: a
+            # cycle the collector alone would free. Dropping them frees it at once.
+            retrying.iter_state.reset()
 
     async def _attempt(
         self, fn: Callable[..., Any], args: tuple[Any, ...], spare: bool
