@@ -31,11 +31,13 @@ Kinds, each isolating one thing the soak does:
 - ``tls-connect``: one new TLS connection of the official ``ApiClient`` (its pool
   cleared, then one GET) to a local HTTPS server in a child process;
   ``--shared-ssl-context`` hands urllib3 one context for every connection;
-- ``tls-fail-async`` / ``tls-fail-urllib3``: a request that fails, to a server in a child
-  process that closes each connection (``--fail-when``: ``accept``, before the TLS
-  handshake; ``handshake``, after it and the request, with no answer: what a restarting
-  kube-apiserver does to a request in flight); through the status PATCH transport
-  (``kube.asyncpatch``) or the official ``ApiClient`` (urllib3, no retries);
+- ``tls-fail-async`` / ``tls-fail-urllib3`` / ``tls-fail-api``: a request that fails, to a
+  server in a child process that closes each connection (``--fail-when``: ``accept``,
+  before the TLS handshake; ``handshake``, after it and the request, with no answer: what
+  a restarting kube-apiserver does to a request in flight); through the status PATCH
+  transport (``kube.asyncpatch``), the official ``ApiClient`` (urllib3, no retries), or
+  ``kube.api.Api`` over that client (a claim GET, as the sidecar's reads, lists and
+  Events go: the client's exception translated, its frames dropped);
 - ``tls-hold-patch`` / ``tls-hold-asyncio``: one more idle keep-alive TLS connection
   kept, after one answered GET, to a local HTTPS server in a child process: through the
   status PATCH transport (its own TLS on memory BIOs), or asyncio's TLS streams, the
@@ -558,6 +560,7 @@ async def _failing_request(kind: str, port: int, ca: str, batch: int) -> AsyncIt
     import kubernetes.client
     import urllib3.exceptions
 
+    from kubelet_dra.kube import api as kube_api
     from kubelet_dra.kube import asyncpatch
 
     config = kubernetes.client.Configuration()
@@ -576,7 +579,13 @@ async def _failing_request(kind: str, port: int, ca: str, batch: int) -> AsyncIt
             with contextlib.suppress(urllib3.exceptions.HTTPError):
                 client.call_api("GET", config.host + "/version", _request_timeout=5)
 
-    event: Event = by_asyncio if kind == "tls-fail-async" else by_urllib3
+    async def by_api() -> None:
+        api = kube_api.Api(client, async_patch=False)
+        for _ in range(batch):
+            with contextlib.suppress(kube_api.CallError):
+                api.get_claim("default", "probe")
+
+    event: Event = {"tls-fail-async": by_asyncio, "tls-fail-urllib3": by_urllib3}.get(kind, by_api)
     try:
         yield event
     finally:
@@ -715,7 +724,7 @@ def _create_pods(client: Any, count: int) -> None:
         ).read()
 
 
-TLS_FAIL = ("tls-fail-async", "tls-fail-urllib3")
+TLS_FAIL = ("tls-fail-async", "tls-fail-urllib3", "tls-fail-api")
 TLS_HOLD = ("tls-hold-patch", "tls-hold-asyncio")
 MICRO = (
     "ssl-context", "urllib3-context", "tls-connect", *TLS_FAIL, *TLS_HOLD, "apiclient",

@@ -76,7 +76,7 @@ def drop_frames(exc: BaseException | None) -> None:
     (urllib3's retry loop keeps the error it re-raises; tenacity's retry state keeps
     the outcome). Such a cycle is freed only by a garbage collection, and until
     then it pins whatever the frames hold: in an API outage, 54 objects for each
-    failed call and 75 more for each retry round (docs/memory.md). Memory
+    failed call and about 70 more for each retry round (docs/memory.md). Memory
     allocated meanwhile lands beside them, which is how a 20-second outage left
     the sidecar a megabyte of CPython arenas. With the locals cleared the chain
     dies with its last reference, and the traceback still names every line (only
