@@ -242,6 +242,7 @@ class Api:
                 body, JSON_PATCH,
             )  # fmt: skip
         except asyncpatch.TransportError as exc:
+            errors.drop_frames(exc)  # the transport's frames hold the stream that holds it
             raise CallError(f"{what}: connection lost ({exc})") from exc
         if not 200 <= answer.status <= 299:
             raise _error(what, answer.status, answer.reason, answer.body, answer.headers, pod=True)

@@ -51,6 +51,8 @@ from typing import Any
 
 import h11
 
+from kubelet_dra import errors
+
 AUTH_TTL = 10.0
 """Seconds the request headers (with the bearer token) are reused before being asked for
 again; a refreshed token is picked up at most this late, and a 401 at once."""
@@ -448,8 +450,10 @@ class Transport:
                 reader, writer = await asyncio.open_connection(ep.host, ep.port)
                 tls = await self._secure(reader, writer)
         except TimeoutError as exc:
+            errors.drop_frames(exc)
             raise TransportError(f"connecting to {ep.host}:{ep.port} timed out") from exc
         except (OSError, ssl.SSLError) as exc:
+            errors.drop_frames(exc)
             raise TransportError(f"cannot connect to {ep.host}:{ep.port}: {exc}") from exc
         sock = writer.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -481,12 +485,18 @@ class Transport:
                 await conn.writer.drain()
                 return await _read_answer(conn)
         except TimeoutError as exc:
+            errors.drop_frames(exc)
             raise TransportError(f"no answer within {self._read_timeout:g} s") from exc
         except (ConnectionResetError, BrokenPipeError) as exc:
+            # The stream keeps a reset's exception, and the exception's frames keep the
+            # stream: a cycle, unless the finished frames let go (errors.drop_frames).
+            errors.drop_frames(exc)
             raise _Closed(f"connection lost ({exc})") from exc
         except h11.RemoteProtocolError as exc:
+            errors.drop_frames(exc)
             raise TransportError(f"not an HTTP/1.1 answer: {exc}") from exc
         except (OSError, ssl.SSLError, h11.LocalProtocolError) as exc:
+            errors.drop_frames(exc)
             raise TransportError(f"connection lost ({exc})") from exc
 
 

@@ -145,6 +145,7 @@ class RetryingCaller:
             if self._max_attempts <= 1 or not kube_api.is_transient(exc):
                 raise
             delay = self._delay(exc, 1)
+            errors.drop_frames(exc)  # the first failure is dropped here: no cycle left
         self._counts.results["retried"] += 1
         await self._clock.sleep(delay)
         try:
