@@ -384,7 +384,7 @@ class Api:
             data: dict[str, Any] = json.loads(response.data or b"{}")
             return data
         except ApiException as exc:
-            errors.drop_frames(exc)  # no cycle left to the collector (errors.drop_frames)
+            errors.drop_frames(exc)
             raise translate(what, exc, pod=pod) from exc
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
             errors.drop_frames(exc)

@@ -394,9 +394,12 @@ class Transport:
         try:
             try:
                 answer = await self._exchange(conn, request, body)
-            except _Closed:
+            except _Closed as exc:
                 if not reused:
-                    raise
+                    raise  # Api drops the frames of what leaves the transport
+                # The stream keeps a reset's exception and the exception's frames keep
+                # the stream: a cycle, unless the finished frames let go.
+                errors.drop_frames(exc)
                 # An idle connection the server had closed (or reset): one fresh
                 # attempt, as client-go makes. Nothing was answered; a patch the
                 # server did apply would fail its own `test` operations the
@@ -450,10 +453,8 @@ class Transport:
                 reader, writer = await asyncio.open_connection(ep.host, ep.port)
                 tls = await self._secure(reader, writer)
         except TimeoutError as exc:
-            errors.drop_frames(exc)
             raise TransportError(f"connecting to {ep.host}:{ep.port} timed out") from exc
         except (OSError, ssl.SSLError) as exc:
-            errors.drop_frames(exc)
             raise TransportError(f"cannot connect to {ep.host}:{ep.port}: {exc}") from exc
         sock = writer.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -485,18 +486,12 @@ class Transport:
                 await conn.writer.drain()
                 return await _read_answer(conn)
         except TimeoutError as exc:
-            errors.drop_frames(exc)
             raise TransportError(f"no answer within {self._read_timeout:g} s") from exc
         except (ConnectionResetError, BrokenPipeError) as exc:
-            # The stream keeps a reset's exception, and the exception's frames keep the
-            # stream: a cycle, unless the finished frames let go (errors.drop_frames).
-            errors.drop_frames(exc)
             raise _Closed(f"connection lost ({exc})") from exc
         except h11.RemoteProtocolError as exc:
-            errors.drop_frames(exc)
             raise TransportError(f"not an HTTP/1.1 answer: {exc}") from exc
         except (OSError, ssl.SSLError, h11.LocalProtocolError) as exc:
-            errors.drop_frames(exc)
             raise TransportError(f"connection lost ({exc})") from exc
 
 
