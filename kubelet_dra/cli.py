@@ -109,6 +109,12 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "KUBELET_DRA_MALLOC_ARENA_MAX",
         "glibc malloc arenas at most (default 2; 0 = glibc's default; MALLOC_ARENA_MAX wins)",
     ),
+    "--malloc-trim-threshold": (
+        "malloc_trim_threshold",
+        "KUBELET_DRA_MALLOC_TRIM_THRESHOLD",
+        "bytes free at the top of a glibc heap that free() gives back, fixed (default 131072; "
+        "0 = glibc's dynamic threshold; MALLOC_TRIM_THRESHOLD_ wins)",
+    ),
     # The taint bridge (docs/remediation.md).
     "--taint-effect": (
         "taint_effect",
@@ -246,6 +252,7 @@ def _cmd_run(ns: argparse.Namespace) -> int:
     client = kube.load_client(settings.kubeconfig)
     # Before the sidecar makes any thread: an arena made already stays (memtrim.cap_arenas).
     memtrim.cap_arenas(settings.malloc_arena_max)
+    memtrim.fix_trim_threshold(settings.malloc_trim_threshold)
     code = _run_loop(_serve(sidecar.Sidecar(settings, api_client=client)))
     _exit_if_threads_block(code)
     return code

@@ -75,8 +75,10 @@ def glibc_trim() -> Callable[[], int] | None:
     return lambda: int(trim(0))
 
 
-#: ``mallopt``'s parameter for the most arenas glibc makes (``malloc.h``).
+#: ``mallopt``'s parameters (``malloc.h``): the most arenas glibc makes, and the free bytes
+#: at the top of a heap above which ``free`` gives them back to the system.
 M_ARENA_MAX = -8
+M_TRIM_THRESHOLD = -1
 
 
 def glibc_mallopt() -> Callable[[int, int], int] | None:
@@ -108,14 +110,45 @@ def cap_arenas(
     there is no glibc, or when ``MALLOC_ARENA_MAX`` is set (glibc read it at start: the
     operator's choice wins). Call it before threads start: an arena made already stays.
     """
-    if most <= 0 or environ.get("MALLOC_ARENA_MAX"):
+    return _set(M_ARENA_MAX, most, "MALLOC_ARENA_MAX", mallopt, environ)
+
+
+def fix_trim_threshold(
+    limit: int,
+    *,
+    mallopt: Callable[[int, int], int] | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> bool:
+    """Let ``free`` give back the top of any glibc heap once more than ``limit`` bytes of
+    it are free; whether it was set (``--malloc-trim-threshold``, default 128 KiB).
+
+    glibc's default is 128 KiB too, but dynamic: once a chunk it had mmapped is freed
+    (a list's body, a burst's buffers), it raises the mmap threshold to that chunk's
+    size and the trim threshold to twice it, so a heap then keeps 1-2 MiB of free
+    memory at its top. ``malloc_trim`` gives back the main heap's top, but never the top
+    of another arena's heap (the one the sidecar's threads share): there only ``free``
+    trims, above this threshold. Setting it also stops glibc moving the mmap threshold,
+    which stays at 128 KiB (``mallopt(3)``). Nothing is done for 0, where there is no
+    glibc, or when ``MALLOC_TRIM_THRESHOLD_`` is set (the operator's choice wins).
+    """
+    return _set(M_TRIM_THRESHOLD, limit, "MALLOC_TRIM_THRESHOLD_", mallopt, environ)
+
+
+def _set(
+    param: int,
+    value: int,
+    env: str,
+    mallopt: Callable[[int, int], int] | None,
+    environ: Mapping[str, str],
+) -> bool:
+    if value <= 0 or environ.get(env):
         return False
     call = mallopt if mallopt is not None else glibc_mallopt()
     if call is None:
         return False
-    ok = call(M_ARENA_MAX, most) == 1  # mallopt returns 1 on success
+    ok = call(param, value) == 1  # mallopt returns 1 on success
     if not ok:
-        logger.warning("mallopt(M_ARENA_MAX, %d) failed; glibc's default arenas stay", most)
+        logger.warning("mallopt(%d, %d) failed; glibc's default stays (%s)", param, value, env)
     return ok
 
 

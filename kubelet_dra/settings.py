@@ -75,6 +75,8 @@ class Settings(pydantic_settings.BaseSettings):
     malloc_trim_interval: float = pydantic.Field(default=60.0, ge=0)
     # glibc malloc arenas at most in `run` (memtrim.cap_arenas); 0 = glibc's own 8 per core.
     malloc_arena_max: int = pydantic.Field(default=2, ge=0)
+    # glibc's trim threshold in `run`, fixed (memtrim.fix_trim_threshold); 0 = glibc's dynamic one.
+    malloc_trim_threshold: int = pydantic.Field(default=128 * 1024, ge=0)
 
     # Registration (kubelet pluginmanager: GetInfo 1 s, reconcile every 1 s).
     get_info_timeout: float = pydantic.Field(default=1.0, gt=0)

@@ -79,6 +79,7 @@ CASES = [
     ("--write-concurrency", "4", "2", "write_concurrency", 4, 2),
     ("--malloc-trim-interval", "0", "300", "malloc_trim_interval", 0.0, 300.0),
     ("--malloc-arena-max", "0", "4", "malloc_arena_max", 0, 4),
+    ("--malloc-trim-threshold", "0", "1048576", "malloc_trim_threshold", 0, 1048576),
     # The taint bridge (issue 13).
     (
         "--taint-effect",
@@ -110,6 +111,7 @@ DEFAULTS = {
     "write_concurrency": 8,
     "malloc_trim_interval": 60.0,
     "malloc_arena_max": 2,
+    "malloc_trim_threshold": 131072,
     "taint_effect": settings.TaintEffect.OFF,
     "taint_after": 10.0,
     "taint_unknown_after": None,

@@ -211,6 +211,22 @@ def test_arenas_are_capped_through_mallopt_unless_the_operator_chose() -> None:
     assert calls == [(memtrim.M_ARENA_MAX, 2)]
 
 
+def test_trim_threshold_is_fixed_through_mallopt_unless_the_operator_chose() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def mallopt(param: int, value: int) -> int:
+        calls.append((param, value))
+        return 1
+
+    assert memtrim.fix_trim_threshold(131072, mallopt=mallopt, environ={})
+    assert calls == [(memtrim.M_TRIM_THRESHOLD, 131072)]
+    assert not memtrim.fix_trim_threshold(0, mallopt=mallopt, environ={})
+    chosen = {"MALLOC_TRIM_THRESHOLD_": "1048576"}
+    assert not memtrim.fix_trim_threshold(131072, mallopt=mallopt, environ=chosen)
+    assert not memtrim.fix_trim_threshold(131072, mallopt=lambda p, v: 0, environ={})
+    assert calls == [(memtrim.M_TRIM_THRESHOLD, 131072)]
+
+
 _ARENAS = """
 import ctypes, sys, threading
 from kubelet_dra import memtrim
@@ -239,3 +255,42 @@ def test_glibc_makes_no_more_arenas_than_the_cap(most: int, bound: int) -> None:
     assert 1 <= arenas <= bound, done.stderr
     if most == 0:
         assert arenas > 2, done.stderr  # uncapped, the threads spread
+
+
+_THREAD_BURST = """
+import ctypes, sys, threading
+from kubelet_dra import memtrim
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+memtrim.cap_arenas(2, environ={})
+memtrim.fix_trim_threshold(int(sys.argv[1]), environ={})
+def burst():
+    big = libc.malloc(1 << 20)  # mmapped; once freed, glibc's dynamic thresholds rise
+    libc.free(big)
+    chunks = [libc.malloc(100_000) for _ in range(15)]  # now from this thread's arena
+    for chunk in chunks: libc.free(chunk)
+thread = threading.Thread(target=burst)
+thread.start()
+thread.join()
+memtrim.glibc_trim()()  # what the Trimmer does: it never trims another arena's top
+libc.malloc_stats()  # "Arena 1:" is the thread's, its "system bytes" what its heap holds
+"""
+
+
+@pytest.mark.parametrize("limit", [0, 131072])
+def test_a_worker_threads_burst_goes_back_with_the_fixed_threshold(limit: int) -> None:
+    # The real allocator: a worker thread frees an mmapped megabyte (glibc then raises its
+    # trim threshold to 2 MiB), then 1.5 MB of its arena. With glibc's dynamic threshold
+    # the heap keeps it after malloc_trim; with 128 KiB fixed, free gives it back.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run(
+        [sys.executable, "-c", _THREAD_BURST, str(limit)], capture_output=True, text=True,
+        check=True, env=env,
+    )  # fmt: skip
+    arena = done.stderr.split("Arena 1:")[1]
+    held = int(arena.split("system bytes")[1].split("=")[1].split()[0])
+    if limit:
+        assert held < 400_000, done.stderr
+    else:
+        assert held > 1_000_000, done.stderr  # the mechanism the fixed threshold removes
