@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest, parser
@@ -196,35 +197,28 @@ def test_pythons_allocated_blocks_follow_the_objects_alive() -> None:
     assert after - before < 10_000, (before, after)  # freed: back where it was
 
 
-def test_arenas_are_capped_through_mallopt_unless_the_operator_chose() -> None:
+@pytest.mark.parametrize(
+    ("set_", "param", "env", "value"),
+    [
+        (memtrim.cap_arenas, memtrim.M_ARENA_MAX, "MALLOC_ARENA_MAX", 2),
+        (memtrim.fix_trim_threshold, memtrim.M_TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_", 131072),
+    ],
+)
+def test_mallopt_is_called_unless_the_operator_chose(
+    set_: Callable[..., bool], param: int, env: str, value: int
+) -> None:
     calls: list[tuple[int, int]] = []
 
-    def mallopt(param: int, value: int) -> int:
-        calls.append((param, value))
+    def mallopt(p: int, v: int) -> int:
+        calls.append((p, v))
         return 1
 
-    assert memtrim.cap_arenas(2, mallopt=mallopt, environ={})
-    assert calls == [(memtrim.M_ARENA_MAX, 2)]
-    assert not memtrim.cap_arenas(0, mallopt=mallopt, environ={})
-    assert not memtrim.cap_arenas(2, mallopt=mallopt, environ={"MALLOC_ARENA_MAX": "4"})
-    assert not memtrim.cap_arenas(2, mallopt=lambda p, v: 0, environ={})  # refused
-    assert calls == [(memtrim.M_ARENA_MAX, 2)]
-
-
-def test_trim_threshold_is_fixed_through_mallopt_unless_the_operator_chose() -> None:
-    calls: list[tuple[int, int]] = []
-
-    def mallopt(param: int, value: int) -> int:
-        calls.append((param, value))
-        return 1
-
-    assert memtrim.fix_trim_threshold(131072, mallopt=mallopt, environ={})
-    assert calls == [(memtrim.M_TRIM_THRESHOLD, 131072)]
-    assert not memtrim.fix_trim_threshold(0, mallopt=mallopt, environ={})
-    chosen = {"MALLOC_TRIM_THRESHOLD_": "1048576"}
-    assert not memtrim.fix_trim_threshold(131072, mallopt=mallopt, environ=chosen)
-    assert not memtrim.fix_trim_threshold(131072, mallopt=lambda p, v: 0, environ={})
-    assert calls == [(memtrim.M_TRIM_THRESHOLD, 131072)]
+    assert set_(value, mallopt=mallopt, environ={})
+    assert calls == [(param, value)]
+    assert not set_(0, mallopt=mallopt, environ={})
+    assert not set_(value, mallopt=mallopt, environ={env: "4"})
+    assert not set_(value, mallopt=lambda p, v: 0, environ={})  # refused
+    assert calls == [(param, value)]
 
 
 _ARENAS = """
