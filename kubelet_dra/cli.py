@@ -98,6 +98,11 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "KUBELET_DRA_WRITE_CONCURRENCY",
         "pod status writes in flight at once (default 8)",
     ),
+    "--pod-list-page-size": (
+        "pod_list_page_size",
+        "KUBELET_DRA_POD_LIST_PAGE_SIZE",
+        "pods per page when the node's pods are listed again (default 10; 0 = one answer)",
+    ),
     "--malloc-trim-interval": (
         "malloc_trim_interval",
         "KUBELET_DRA_MALLOC_TRIM_INTERVAL",

@@ -279,8 +279,9 @@ class DRAHealthManager:
             kubelet_beside=lambda: self.checkpoint is not None and self.checkpoint.present,
         )
         self.pods = kube.NodePods(
-            api=api, node_name=node, index=self.index, writer=self.writer, clock=self.clock
-        )
+            api=api, node_name=node, index=self.index, writer=self.writer, clock=self.clock,
+            page_size=self.settings.pod_list_page_size,
+        )  # fmt: skip
         self._start_checkpoint()
         self._spawn(self._after_priming(self.writer.run()), "status-writer")
         self._spawn(self.pods.run(), "node-pods")

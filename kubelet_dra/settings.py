@@ -98,6 +98,10 @@ class Settings(pydantic_settings.BaseSettings):
     # Pod status writes in flight at once per node (bounded because a rack failure at
     # 5,000 nodes puts rack nodes x this many writes in flight; docs/scaling.md).
     write_concurrency: int = pydantic.Field(default=8, gt=0)
+    # Pods per page when the pod watch lists again (kube.pods._relist): a relist is
+    # decoded a page at a time, so its short-lived objects stay one page's worth
+    # (docs/memory.md). 0: the whole list in one answer.
+    pod_list_page_size: int = pydantic.Field(default=10, ge=0)
     terminated_pod_ttl: float = pydantic.Field(default=600.0, ge=0)
     terminated_pod_max: int = pydantic.Field(default=1000, ge=0)
     event_interval: float = pydantic.Field(default=60.0, ge=0)

@@ -168,12 +168,23 @@ class Api:
 
     # -- pods ----------------------------------------------------------------
 
-    def list_node_pods(self, node: str) -> dict[str, Any]:
-        """The pods bound to ``node`` (field selector ``spec.nodeName``), as a list object."""
+    def list_node_pods(self, node: str, *, limit: int = 0, token: str = "") -> dict[str, Any]:
+        """The pods bound to ``node`` (field selector ``spec.nodeName``), as a list object.
+
+        ``limit`` > 0 asks for one page of at most that many pods, the one after the
+        ``continue`` ``token`` of the page before; the page's ``metadata.continue`` names
+        the next (empty on the last). Every page is of the same snapshot, and the last
+        one's ``resourceVersion`` is the list's. An expired token is ``Gone`` (410).
+        """
+        query = [_node_selector(node)]
+        if limit > 0:
+            query.append(("limit", str(limit)))
+            if token:
+                query.append(("continue", token))
         return podjson.lean(
             self._call(
                 f"list pods on node {node}",
-                lambda: self._request("GET", "/api/v1/pods", query=[_node_selector(node)]),
+                lambda: self._request("GET", "/api/v1/pods", query=query),
             )
         )
 

@@ -61,8 +61,10 @@ class NodePods:
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         rng: random.Random | None = None,
+        page_size: int = 10,
     ) -> None:
         self.node = node_name
+        self._page_size = page_size  # pods per LIST page; 0: the whole list at once
         self.pods_synced = False
         self._api, self._index, self._writer, self._clock = api, index, writer, clock
         self._limiter = limiter
@@ -116,17 +118,40 @@ class NodePods:
     # -- pods ----------------------------------------------------------------
 
     async def _relist(self) -> str:
-        if self._limiter is not None:
-            await self._limiter.acquire()
-        listed = await asyncio.to_thread(self._api.list_node_pods, self.node)
-        items = listed.get("items") or []
-        present = {podjson.uid(p) for p in items}
+        """List the node's pods, ``page_size`` at a time; return the list's resourceVersion.
+
+        Pages, because a relist is the sidecar's largest burst of short-lived objects:
+        the whole list decoded at once (30 soak pods: about 1 MB of dicts and strings)
+        needed fresh allocator arenas, and the few objects that outlived it (the pods
+        that had changed) kept those pages resident for the rest of the process's life
+        (the soak's RSS step at a broken watch; docs/memory.md). A page at a time, only
+        one page's objects are alive at once. Each page is applied as it comes: the
+        pages are one snapshot, so applying them in turn is applying the list.
+        """
+        present: set[str] = set()
+        token, rv = "", ""
+        while True:
+            if self._limiter is not None:
+                await self._limiter.acquire()
+            # The executor's future keeps its result until its worker thread moves on,
+            # which can be after the next page is asked for: it keeps the box, and the
+            # page dies when this loop drops it.
+            page = (await asyncio.to_thread(self._list_page, token)).pop()
+            for pod in page.get("items") or ():
+                present.add(podjson.uid(pod))
+                self._upsert(pod)
+            rv = podjson.resource_version(page)
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            del page  # this page's objects die before the next is decoded
+            if not token:
+                break
         for uid in set(self._pods) - present:
             self._remove(uid)
-        for pod in items:
-            self._upsert(pod)
         self.pods_synced = True
-        return podjson.resource_version(listed)
+        return rv
+
+    def _list_page(self, token: str) -> list[Obj]:
+        return [self._api.list_node_pods(self.node, limit=self._page_size, token=token)]
 
     async def _watch(self, rv: str) -> str:
         loop = asyncio.get_running_loop()

@@ -41,7 +41,7 @@ class Harness:
         )  # fmt: skip
         self.pods = kube.NodePods(
             api=self.api, node_name=NODE, index=self.index, writer=self.writer, clock=self.clock,
-            backoff_initial=0.05, backoff_max=0.2,
+            backoff_initial=0.05, backoff_max=0.2, page_size=config.pod_list_page_size,
         )  # fmt: skip
         self.tasks: list[asyncio.Task[None]] = []
 

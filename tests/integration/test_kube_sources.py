@@ -141,6 +141,20 @@ async def test_a_relist_keeps_the_pods_held_at_the_same_version() -> None:
         assert t.pods.get(same["metadata"]["uid"]) is held
 
 
+@pytest.mark.parametrize("page_size", [10, 0])
+async def test_a_relist_reads_the_pods_a_page_at_a_time(page_size: int) -> None:
+    async with h.running(pod_list_page_size=page_size) as t:
+        made = [t.pod_with_gpu(f"p{n}", f"gpu-{n}") for n in range(25)]
+        await eventually(lambda: t.pods.claims_synced, timeout=10)
+        lists = [
+            r.query for r in t.server.requests
+            if r.method == "GET" and r.path == "/api/v1/pods" and r.query.get("watch") != "true"
+        ]  # fmt: skip
+        assert [q.get("limit") for q in lists] == (["10"] * 3 if page_size else [None])
+        assert [bool(q.get("continue")) for q in lists] == [False, *[True] * (len(lists) - 1)]
+        assert all(t.pods.get(p["metadata"]["uid"]) is not None for p in made)
+
+
 async def test_pods_are_held_without_their_managed_fields() -> None:
     async with h.running() as t:
         pod = t.pod_with_gpu("p1", "gpu-0")

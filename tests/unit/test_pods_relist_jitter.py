@@ -46,7 +46,7 @@ class _Api:
         self.relisted_at: float | None = None
         self.failed_lists = 0
 
-    def list_node_pods(self, node: str) -> dict[str, Any]:
+    def list_node_pods(self, node: str, **_: Any) -> dict[str, Any]:
         if not self.broken:
             return {"items": [], "metadata": {"resourceVersion": "1"}}
         if self.clock.now() < self.up:
@@ -142,7 +142,7 @@ async def test_each_wait_is_within_the_doubling_step_and_the_cap() -> None:
     clock = FakeClock()
 
     class _Down(_Api):
-        def list_node_pods(self, node: str) -> dict[str, Any]:
+        def list_node_pods(self, node: str, **_: Any) -> dict[str, Any]:
             if len(clock.sleep_calls) >= 12:
                 raise _Stop
             raise errors.ApiError("connection refused", status=None)
