@@ -121,12 +121,13 @@ class NodePods:
         """List the node's pods, ``page_size`` at a time; return the list's resourceVersion.
 
         Pages, because a relist is the sidecar's largest burst of short-lived objects:
-        the whole list decoded at once (30 soak pods: about 1 MB of dicts and strings)
-        needed fresh allocator arenas, and the few objects that outlived it (the pods
-        that had changed) kept those pages resident for the rest of the process's life
-        (the soak's RSS step at a broken watch; docs/memory.md). A page at a time, only
-        one page's objects are alive at once. Each page is applied as it comes: the
-        pages are one snapshot, so applying them in turn is applying the list.
+        the whole list decoded at once (30 pods of 4 KB: 0.7 MB at the peak,
+        ``python -m benchmarks.relistburst``) can need fresh allocator arenas, and the
+        few objects that outlive it (the pods that had changed) keep those pages resident
+        for the rest of the process's life (the soak's RSS step at a broken watch;
+        docs/memory.md). A page at a time, only one page's objects are alive at once.
+        Each page is applied as it comes: the pages are one snapshot, so applying them in
+        turn is applying the list.
         """
         present: set[str] = set()
         token, rv = "", ""
