@@ -127,17 +127,27 @@ class NodePods:
         for the rest of the process's life (the soak's RSS step at a broken watch;
         docs/memory.md). A page at a time, only one page's objects are alive at once.
         Each page is applied as it comes: the pages are one snapshot, so applying them in
-        turn is applying the list.
+        turn is applying the list. If the snapshot expires between pages (410 on a
+        ``continue`` token, after the server compacted), the list starts over in one
+        answer, as client-go's pager does (``FullListIfExpired``).
         """
         present: set[str] = set()
-        token, rv = "", ""
+        token, rv, size = "", "", self._page_size
         while True:
             if self._limiter is not None:
                 await self._limiter.acquire()
-            # The executor's future keeps its result until its worker thread moves on,
-            # which can be after the next page is asked for: it keeps the box, and the
-            # page dies when this loop drops it.
-            page = (await asyncio.to_thread(self._list_page, token)).pop()
+            try:
+                # The executor's future keeps its result until its worker thread moves
+                # on, which can be after the next page is asked for: it keeps the box,
+                # and the page dies when this loop drops it.
+                page = (await asyncio.to_thread(self._list_page, size, token)).pop()
+            except kube_api.Gone:
+                if not token:
+                    raise
+                logger.info("Pod list on node %s expired between pages; listing whole", self.node)
+                present.clear()
+                token, size = "", 0
+                continue
             for pod in page.get("items") or ():
                 present.add(podjson.uid(pod))
                 self._upsert(pod)
@@ -151,8 +161,8 @@ class NodePods:
         self.pods_synced = True
         return rv
 
-    def _list_page(self, token: str) -> list[Obj]:
-        return [self._api.list_node_pods(self.node, limit=self._page_size, token=token)]
+    def _list_page(self, size: int, token: str) -> list[Obj]:
+        return [self._api.list_node_pods(self.node, limit=size, token=token)]
 
     async def _watch(self, rv: str) -> str:
         loop = asyncio.get_running_loop()

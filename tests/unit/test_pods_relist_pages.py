@@ -13,7 +13,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import pytest
+
 from kubelet_dra.clock import FakeClock
+from kubelet_dra.kube import api as kube_api
 from kubelet_dra.kube import pods as kube_pods
 from kubelet_dra.status import claims
 
@@ -49,9 +52,13 @@ class _Api:
         self.calls: list[tuple[int, str]] = []
         self.before: weakref.ref[_Page] | None = None
         self.alive_at_next: list[bool] = []
+        self.expire: set[str] = set()  # continue tokens the server answers 410 to, once
 
     def list_node_pods(self, node: str, *, limit: int = 0, token: str = "") -> _Page:
         self.calls.append((limit, token))
+        if token and token in self.expire:
+            self.expire.discard(token)
+            raise kube_api.Gone("list pods: HTTP 410 the continue token is too old", status=410)
         if token:
             assert self.before is not None
             self.alive_at_next.append(self.before() is not None)
@@ -107,3 +114,26 @@ async def test_page_size_zero_lists_in_one_answer() -> None:
     await pods._relist()
     assert api.calls == [(0, "")]
     assert all(pods.get(f"u{n}") is not None for n in range(25))
+
+
+async def test_a_snapshot_expired_between_pages_is_listed_again_in_one_answer() -> None:
+    api = _Api([f"u{n}" for n in range(25)])
+    writer = _Writer()
+    pods = _node_pods(api, writer, page_size=10)
+    await pods._relist()
+    api.uids = api.uids[:5] + api.uids[6:]  # u5 goes while the next relist runs
+    api.expire = {"20"}
+    await pods._relist()
+    assert api.calls[3:] == [(10, ""), (10, "10"), (10, "20"), (0, "")]
+    assert writer.deleted == ["u5"]
+    assert all(pods.get(uid) is not None for uid in api.uids) and pods.get("u5") is None
+
+
+async def test_a_410_on_the_first_page_is_the_callers_to_handle() -> None:
+    class _Expired(_Api):
+        def list_node_pods(self, node: str, *, limit: int = 0, token: str = "") -> _Page:
+            raise kube_api.Gone("list pods: HTTP 410", status=410)
+
+    pods = _node_pods(_Expired([]), _Writer(), page_size=10)
+    with pytest.raises(kube_api.Gone):
+        await pods._relist()
