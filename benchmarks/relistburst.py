@@ -68,16 +68,6 @@ def _claim(i: int) -> dict[str, Any]:
     return fakeapi.make_claim(f"relist-{i}-gpu", results=[device])
 
 
-def _client(url: str) -> Any:
-    import kubernetes.client
-
-    config = kubernetes.client.Configuration()
-    config.host = url
-    config.api_key = {"authorization": "fake-token"}
-    config.api_key_prefix = {"authorization": "Bearer"}
-    return kubernetes.client.ApiClient(config)
-
-
 def _request(client: Any, method: str, path: str, body: Any, content_type: str) -> None:
     headers = {"Content-Type": content_type, "Authorization": "Bearer fake-token"}
     response = client.call_api(method, client.configuration.host + path, headers, body)
@@ -93,7 +83,7 @@ async def measure(url: str, pods: int, page_size: int, rounds: int) -> list[tupl
     from kubelet_dra.kube import pods as kube_pods
     from kubelet_dra.status import claims
 
-    client = _client(url)
+    client = rssprobe.fake_api_client(url)
     api = kube_api.Api(client)
     listed: list[str] = []  # one entry per LIST request
     page = api.list_node_pods
@@ -151,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if 0 not in sizes:
         sizes.insert(0, 0)
     with rssprobe._child([sys.executable, "-c", rssprobe._FAKE_API]) as (_, url):
-        with _client(url) as client:
+        with rssprobe.fake_api_client(url) as client:
             for i in range(ns.pods):
                 # The claim first: a pod's missing claim would be read again and again
                 # during the relists, and those reads are no part of a relist's burst.

@@ -334,6 +334,17 @@ api.stop()
 """
 
 
+def fake_api_client(url: str) -> Any:
+    """An official ``ApiClient`` for the ``_FAKE_API`` child at ``url`` (its token)."""
+    import kubernetes.client
+
+    config = kubernetes.client.Configuration()
+    config.host = url
+    config.api_key = {"authorization": "fake-token"}
+    config.api_key_prefix = {"authorization": "Bearer"}
+    return kubernetes.client.ApiClient(config)
+
+
 @contextlib.contextmanager
 def _child(argv: list[str]) -> Iterator[tuple[subprocess.Popen[str], str]]:
     proc = subprocess.Popen(
@@ -613,14 +624,8 @@ async def pipeline(kind: str, ns: argparse.Namespace) -> AsyncIterator[Event]:
             client = server.api_client()
             _create_pods(client, ns.pods)
         else:
-            import kubernetes.client
-
             _, url = stack.enter_context(_child([sys.executable, "-c", _FAKE_API]))
-            config = kubernetes.client.Configuration()
-            config.host = url
-            config.api_key = {"authorization": "fake-token"}
-            config.api_key_prefix = {"authorization": "Bearer"}
-            client = kubernetes.client.ApiClient(config)
+            client = fake_api_client(url)
         settings = make_settings(
             tmp,
             malloc_trim_interval=0,
