@@ -18,6 +18,9 @@
   shared by every directory in the session (the interop tests and the conformance
   suite's Go helper scenarios); skips without Go, openssl or the module proxy.
 
+Under ``CI``, a skip fails the run unless ``tests/allowed-skips.toml`` allows it
+(``tests/_skipguard.py``): the hooks at the end of this file.
+
 Helpers that are not fixtures live in modules with a leading underscore
 (``tests/integration/_driver_fixtures.py``, ``_sidecar_process.py``, ...); waiting on
 real time is :func:`kubelet_dra.testing.eventually`.
@@ -39,6 +42,7 @@ import pytest
 
 from kubelet_dra import clock
 from kubelet_dra.testing import FakeApiServer
+from tests import _skipguard
 from tests.interop import _build
 from tests.interop._apiserver import (
     DEFAULT_FEATURE_GATES,
@@ -98,6 +102,7 @@ _TOOLS = {
     "promtool_bin": "promtool",
     "grafana_dashboard_check_bin": "grafana-dashboard-check",
     "validate_krew_manifest_bin": "validate-krew-manifest",
+    "kubectl_bin": "kubectl",
 }
 _OUTCOMES = pytest.StashKey[dict[str, Path | BaseException]]()
 
@@ -164,6 +169,12 @@ def validate_krew_manifest_bin(pytestconfig: pytest.Config) -> Path:
     return tool(pytestconfig, "validate-krew-manifest")
 
 
+@pytest.fixture(scope="session")
+def kubectl_bin(pytestconfig: pytest.Config) -> Path:
+    """``kubectl`` v1.37.2 (tests/tools/kubectl, from the module proxy), else on PATH."""
+    return tool(pytestconfig, "kubectl")
+
+
 def interop_binary(name: str) -> Path:
     """A ``tests/interop/_build.py`` artifact for a test: built (or taken from the cache),
     else the test skips (no Go, no module proxy) or fails (a compile error)."""
@@ -208,3 +219,47 @@ def kube_apiserver_factory(
     for server in servers.values():
         with contextlib.suppress(Exception):
             server.stop()
+
+
+# -- CI: no silent green (tests/_skipguard.py) ---------------------------------------
+
+_GUARD = pytest.StashKey[_skipguard.Guard]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _skipguard.ci_enabled():
+        config.stash[_GUARD] = _skipguard.Guard(_skipguard.load())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    guard = config.stash.get(_GUARD, None)
+    if guard is not None:
+        guard.collected(item.nodeid for item in items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    guard = item.config.stash.get(_GUARD, None)
+    if guard is None or not report.skipped or hasattr(report, "wasxfail"):
+        return report
+    reason = _skipguard.skip_reason(report.longrepr)
+    if guard.judge(item.nodeid, reason) is None:
+        report.outcome = "failed"
+        report.longrepr = _skipguard.failure_text(item.nodeid, reason)
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    guard = session.config.stash.get(_GUARD, None)
+    # Only a run that passed says an entry is stale: one stopped early (-x) may not have
+    # reached the skip it allows.
+    if guard is None or exitstatus != pytest.ExitCode.OK:
+        return
+    stale = guard.stale()
+    if stale:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(_skipguard.stale_text(stale), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

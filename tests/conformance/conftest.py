@@ -41,6 +41,27 @@ def concurrency() -> int:
     return int(os.environ.get(CONCURRENCY_ENV, "24"))
 
 
+def _minor(line: str) -> str:
+    """``1.37`` of a line given as a minor or as a version (``v1.37.2``)."""
+    return ".".join(line.lstrip("v").split(".")[:2])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests of the lines not selected: a choice of the run, not a skip (under
+    CI a skip fails the run, tests/_skipguard.py)."""
+    wanted = set(selected_lines())
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        line = params.params.get("line") if params is not None else None
+        ours = isinstance(line, str) and "tests/conformance/" in item.nodeid
+        (drop if ours and _minor(str(line)) not in wanted else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture
 def twin_binary(line: str) -> str:
     """The twin of ``line`` (built on first use); skips without Go."""

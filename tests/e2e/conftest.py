@@ -59,12 +59,28 @@ def _ours(item: pytest.Item) -> bool:
     return "tests/e2e/" in str(item.path).replace(os.sep, "/")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _ours(item):
             item.add_marker(pytest.mark.e2e)
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(TEST_TIMEOUT))
+    _deselect_other_lines(config, items)
+
+
+def _deselect_other_lines(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.kubelet_lines("1.37", ...)``: the test is about a fact of those lines;
+    on another it is deselected (a choice, not a skip: under CI a skip fails the run)."""
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        marker = item.get_closest_marker("kubelet_lines")
+        callspec = getattr(item, "callspec", None)
+        line = callspec.params.get("line") if callspec is not None else None
+        (drop if marker and line is not None and line not in marker.args else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

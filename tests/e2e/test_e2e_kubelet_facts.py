@@ -35,9 +35,9 @@ def test_gate_on_kubelet_names_devices_by_first_cdi_id(node_setup):
               "the kubelet's field Unhealthy")  # fmt: skip
 
 
+# A line that writes no messages shows nothing of having seen the report.
+@pytest.mark.kubelet_lines(*sorted(MESSAGE_GATE_LINES))
 def test_gate_on_kubelet_hides_devices_sharing_a_first_cdi_id(node_setup, line):
-    if line not in MESSAGE_GATE_LINES:
-        pytest.skip(f"kubelet {line} writes no messages: nothing shows it saw the report")
     chips = [
         _dra.Device(f"tpu-{i}", cdi_ids=(f"{_dra.DRIVER}/tpu=common", f"{_dra.DRIVER}/tpu=chip{i}"))
         for i in range(4)

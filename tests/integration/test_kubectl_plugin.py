@@ -827,10 +827,8 @@ def test_readme_and_operations_show_the_real_devices_output(demo: str) -> None:
     assert "$ kubectl dra-health devices\n" + text in (root / "docs" / "operations.md").read_text()
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl on PATH")
-def test_kubectl_runs_the_plugin_found_on_path(demo: str) -> None:
-    kubectl = shutil.which("kubectl")
-    assert kubectl is not None
+def test_kubectl_runs_the_plugin_found_on_path(demo: str, kubectl_bin: pathlib.Path) -> None:
+    kubectl = str(kubectl_bin)
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(pathlib.Path(sys.executable).parent), env["PATH"]])
     proc = subprocess.run(

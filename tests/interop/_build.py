@@ -11,9 +11,11 @@ environment, e.g. ``GOTOOLCHAIN``), so a second run reuses the
 binary and an edit of the driver rebuilds it. The Go module and build caches stay wherever
 ``go env`` puts them (never inside the repository).
 
-If ``go`` is missing, or the modules cannot be downloaded (no module proxy), ``ensure``
-raises :class:`BuildUnavailable` with a reason meant for ``pytest.skip``; a compile error
-raises :class:`BuildFailed`, which should fail the run.
+If ``go`` is missing, or the modules cannot be downloaded for want of the network or the
+proxy (:func:`is_network_error`), ``ensure`` raises :class:`BuildUnavailable` with a reason
+meant for ``pytest.skip`` (which fails under CI unless ``tests/allowed-skips.toml`` allows
+it); any other ``go list`` failure (a broken go.sum, a wrong pin) and a compile error raise
+:class:`BuildFailed`, which fails the run.
 
 The command-line tools of the deploy tests (helm, promtool; :data:`TOOL_ARTIFACTS`) are
 built the same way from modules under ``tests/tools`` that pin an upstream command.
@@ -148,6 +150,8 @@ PROMETHEUS_VERSION = "v0.316.0"  # the Go module version of Prometheus 3.16.0
 #: Grafana's dashboard types (generated from the dashboard schema Grafana publishes), read
 #: by a small checker of ours in tests/tools/grafana-dashboard.
 GRAFANA_SDK_VERSION = "v0.0.22"
+#: kubectl, for the plugin's lookup through a real kubectl (k8s.io/kubectl's command).
+KUBECTL_VERSION = "v1.37.2"
 #: krew's manifest validator (the one release the module proxy serves).
 KREW_VERSION = "v0.4.3"
 TOOL_ARTIFACTS: dict[str, GoArtifact] = {
@@ -198,6 +202,14 @@ TOOL_ARTIFACTS: dict[str, GoArtifact] = {
             "grafana-dashboard",
             "grafana-dashboard-check",
             root=TOOLS_DIR,
+        ),
+        GoArtifact(
+            "kubectl",
+            KUBECTL_VERSION,
+            "kubectl",
+            "kubectl",
+            root=TOOLS_DIR,
+            ldflags=_k8s_ldflags(KUBECTL_VERSION),
         ),
         GoArtifact(
             "validate-krew-manifest",
@@ -287,9 +299,44 @@ def go_unavailable_reason() -> str | None:
     return None
 
 
+#: What the go command prints when the module proxy (or the network to it) is not there, or
+#: refuses a module outright (403: this proxy's policy, e.g. sigs.k8s.io/iptables-wrappers).
+#: Anything else from ``go list`` (a checksum mismatch, an unknown revision, a missing go.sum
+#: line, a toolchain too old) is the repository's to fix and fails the build.
+NETWORK_ERRORS = (
+    "dial tcp",
+    "no such host",
+    "connection refused",
+    "connection reset",
+    "network is unreachable",
+    "i/o timeout",
+    "TLS handshake timeout",
+    "proxyconnect",
+    "server misbehaving",
+    "unexpected EOF",
+    "403 Forbidden",
+    "429 Too Many Requests",
+    "500 Internal Server Error",
+    "502 Bad Gateway",
+    "503 Service Unavailable",
+    "504 Gateway Timeout",
+)
+#: Lines that are the repository's fault even when the network also failed for something.
+_OUR_ERRORS = ("checksum mismatch", "SECURITY ERROR", "missing go.sum entry", "unknown revision",
+               "invalid version", "requires go >=")  # fmt: skip
+
+
+def is_network_error(stderr: str) -> bool:
+    """Whether a failed go command's output blames the network or the proxy, not us."""
+    if any(marker in stderr for marker in _OUR_ERRORS):
+        return False
+    return any(marker in stderr for marker in NETWORK_ERRORS)
+
+
 def _go_version(extra: Sequence[tuple[str, str]] = ()) -> str:
-    # Under GOTOOLCHAIN=<version> this fetches that toolchain: an unavailable one (no
-    # module proxy) is an environment problem, so it is reported as unavailable.
+    # Under GOTOOLCHAIN=<version> this fetches that toolchain: one the network cannot bring
+    # is an environment problem (unavailable); a toolchain that does not exist is a pin of
+    # ours to fix (failed).
     try:
         proc = subprocess.run(
             ["go", "env", "GOVERSION"],
@@ -302,9 +349,10 @@ def _go_version(extra: Sequence[tuple[str, str]] = ()) -> str:
     except subprocess.TimeoutExpired:
         raise BuildUnavailable(f"`go env GOVERSION` with {dict(extra)} timed out") from None
     if proc.returncode != 0:
-        raise BuildUnavailable(
-            f"`go env GOVERSION` with {dict(extra)} failed: {_tail(proc.stderr, 600)}"
-        )
+        message = f"`go env GOVERSION` with {dict(extra)} failed: {_tail(proc.stderr, 600)}"
+        if is_network_error(proc.stderr):
+            raise BuildUnavailable(message)
+        raise BuildFailed(message)
     return proc.stdout.strip()
 
 
@@ -415,9 +463,14 @@ def ensure_artifact(artifact: GoArtifact, *, log: bool = True) -> Path:
                 "(is the Go module proxy reachable?)"
             ) from None
         if listed.returncode != 0:
-            raise BuildUnavailable(
-                f"cannot download Go modules for {artifact.name} {artifact.version} "
-                f"(is the Go module proxy reachable?): {_tail(listed.stderr, 600)}"
+            if is_network_error(listed.stderr):
+                raise BuildUnavailable(
+                    f"cannot download Go modules for {artifact.name} {artifact.version} "
+                    f"(is the Go module proxy reachable?): {_tail(listed.stderr, 600)}"
+                )
+            raise BuildFailed(
+                f"`go list -deps` of {artifact.name} {artifact.version} failed, and not for "
+                f"want of the network (a go.mod, go.sum or pin to fix):\n{_tail(listed.stderr)}"
             )
         downloaded = time.monotonic()
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
