@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import socket
 import ssl
 import urllib.parse
@@ -236,7 +237,31 @@ class _Conn:
             if goodbye:
                 self.writer.write(goodbye)
         self.writer.close()
+        _release_write_error(self.reader.exception())
         return True
+
+
+def _release_write_error(stored: BaseException | None) -> None:
+    """Clear the frames of a write error that asyncio kept instead of raising.
+
+    A write the kernel refused (a reset) is caught inside asyncio's transport, which keeps
+    the exception in the stream and in its futures (their ``_exception_tb`` too). Its
+    traceback's frame links back (``f_back``) through asyncio's writes to our ``send`` and
+    ``_exchange``, whose locals hold the connection, hence the stream: a cycle that only a
+    full collection frees. Those frames have all returned when the connection is closed;
+    the walk stops at ``_exchange``, or at any frame of other code.
+    """
+    tb = stored.__traceback__ if stored is not None else None
+    frame = tb.tb_frame if tb is not None else None
+    while frame is not None:
+        code, back = frame.f_code, frame.f_back
+        if not (code in _WRITE_PATH or f"{os.sep}asyncio{os.sep}" in code.co_filename):
+            return
+        with contextlib.suppress(RuntimeError):  # still running: not ours to clear
+            frame.clear()
+        if code is _EXCHANGE:
+            return
+        frame = back
 
 
 class _Closed(TransportError):
@@ -573,3 +598,8 @@ def _ssl_context(config: Any) -> ssl.SSLContext:
         context.load_cert_chain(config.cert_file, config.key_file or None)
     context.set_alpn_protocols(["http/1.1"])
     return context
+
+
+#: Our frames on the way from a request to asyncio's write (``_release_write_error``).
+_EXCHANGE = Transport._exchange.__code__
+_WRITE_PATH = frozenset({_Conn.send.__code__, _EXCHANGE})

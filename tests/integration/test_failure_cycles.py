@@ -151,10 +151,7 @@ class _Counts:
 
 
 @pytest.mark.parametrize("ending", ["close", "reset"])
-# The event-loop path (the status PATCH) is left out: in CI about one run in three left
-# one reset connection in a cycle through asyncio's and our frames, not yet named
-# (issue 22's note). Its code drops frames as the thread path does.
-@pytest.mark.parametrize("path", ["thread"])
+@pytest.mark.parametrize("path", ["thread", "event-loop"])
 async def test_a_call_retried_until_it_gives_up_leaves_no_cycle(path: str, ending: str) -> None:
     """Through a worker thread (a claim GET) and on the loop (the status PATCH)."""
     fake = clock.FakeClock()
