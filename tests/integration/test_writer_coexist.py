@@ -250,7 +250,9 @@ def _shared_first_id(pod: dict[str, Any], container: str) -> list[dict[str, Any]
     return [{"name": "claim:gpu", "resources": [{"resourceID": SHARED, "health": "Healthy"}]}]
 
 
-async def test_on_backs_off_a_kubelet_that_rewrites_the_field_over_an_hour() -> None:
+async def test_on_backs_off_a_kubelet_that_rewrites_the_field_over_an_hour(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # We write one ID per chip, the kubelet its one shared-ID entry at each reconcile after
     # ours: without the backoff, one write from each side every 10 s for the whole hour.
     with fakeapi.FakeApiServer() as server:
@@ -264,6 +266,9 @@ async def test_on_backs_off_a_kubelet_that_rewrites_the_field_over_an_hour() -> 
     assert writer.stats.field_rewrites == len(written_at)
     assert writer.stats.field_removals == 0 and writer.stats.kubelet_owned_pods == 0
     assert field["allocatedResourcesStatus"] == _shared_first_id({}, "main")  # the kubelet's
+    said = [r for r in caplog.records if "rewrites containerStatuses" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING  # said once, counted each
+    assert "--container-status auto" in said[0].getMessage()
 
 
 async def _on_for_an_hour(
