@@ -450,6 +450,7 @@ class DRAHealthManager:
             kubelet_removes_field=bool(stats and stats.kubelet_removes),
             kubelet_owned_pods=stats.kubelet_owned_pods if stats else 0,
             field_removals=stats.field_removals if stats else 0,
+            field_rewrites=stats.field_rewrites if stats else 0,
             now=now,
             loop_tasks=_live_tasks(),
             **_patch_pool_metrics(self.api),

@@ -89,6 +89,7 @@ class State:
     kubelet_removes_field: bool = False
     kubelet_owned_pods: int = 0
     field_removals: int = 0
+    field_rewrites: int = 0
     now: float = 0.0
     taint_bridge: str | None = None  # starting, active or off; None: off by configuration
     taint_rules: Mapping[str, int] = dataclasses.field(default_factory=dict)  # by effect
@@ -286,7 +287,14 @@ def _writer_metrics(state: State) -> Iterator[core.Metric]:
         "field_removals", "Removals by another writer of allocatedResourcesStatus we wrote.", []
     )
     removals.add_metric([], state.field_removals)
-    yield from (writes, pending, dropped, removes, owned, removals)
+    rewrites = _counter(
+        "field_rewrites",
+        "Rewrites by the kubelet, with entries of its own, of allocatedResourcesStatus we "
+        "wrote (--container-status on; each backs the pod's field off like a removal).",
+        [],
+    )
+    rewrites.add_metric([], state.field_rewrites)
+    yield from (writes, pending, dropped, removes, owned, removals, rewrites)
 
 
 def _store_metrics(state: State) -> Iterator[core.Metric]:

@@ -20,7 +20,9 @@ reconcile (its status manager patches the whole atomic ``containerStatuses``
 list, ``pkg/kubelet/status/status_manager.go`` and ``pkg/util/pod/pod.go``).
 The gate is the kubelet's, so the finding holds for the whole node. It is said
 once: a log line, the ``kubelet_removes_field`` gauge, a ``/readyz`` note and
-a Node Event with reason :data:`KUBELET_REMOVES_REASON`.
+a Node Event with reason :data:`KUBELET_REMOVES_REASON`. With
+``--container-status on`` a kubelet rewriting the field with entries of its own
+is counted too (``field_rewrites``) and said once in the log.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ class KubeletGate:
         self.node = node
         self.removes = False  # the kubelet's ResourceHealthStatus gate is off
         self.removals = 0  # removals seen, every pod, every mode
+        self.rewrites = 0  # ``on``: rewrites by the kubelet of what we wrote, every pod
         self._events = events
         self._mode = mode
         self._condition = condition_type
@@ -128,6 +131,21 @@ class KubeletGate:
         self._events.record(
             kube_events.node_ref(self.node), KUBELET_REMOVES_REASON,
             self.note(), kind="Warning",
+        )  # fmt: skip
+
+    def rewrote(self, pod: Obj) -> None:
+        """``on``: the kubelet rewrote the field we wrote in ``pod``: count it, say it once."""
+        self.rewrites += 1
+        if self.rewrites > 1:
+            return
+        logger.warning(
+            "The kubelet on node %s rewrites containerStatuses[].allocatedResourcesStatus that "
+            "the sidecar writes, with entries of its own (first seen on pod %s/%s; devices "
+            "sharing their first CDI ID get one entry). --container-status on: rewriting the "
+            "field at most once per pod per %g minutes; use --container-status auto to leave "
+            "the field to the kubelet",
+            self.node, podjson.namespace(pod), podjson.name(pod),
+            podstate.REMOVAL_BACKOFF_MAX / 60,
         )  # fmt: skip
 
     def summary(self) -> str:

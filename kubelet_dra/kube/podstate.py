@@ -11,8 +11,8 @@ entry (:meth:`PodStates.drop`).
 Scheduling is pure arithmetic on times the caller passes: the write window is
 leading-edge per pod (:meth:`PodStates.mark_dirty`), a pod whose write
 failed transiently is retried after :func:`failure_backoff`, and with
-``--container-status on`` a field the kubelet removed is written again only
-after :func:`removal_backoff`.
+``--container-status on`` a field the kubelet removed or rewrote is written
+again only after :func:`removal_backoff` (:meth:`PodState.taken_back`).
 
 Who else touches the field is read from pod versions by :func:`kubelet_verdict`
 (``--container-status``, four cases): the kubelet writes it,
@@ -48,15 +48,15 @@ def failure_backoff(streak: int, rng: random.Random) -> float:
 
 
 REMOVAL_BACKOFF_FIRST = 10.0
-"""Seconds before the first rewrite of a field the kubelet removed (``on``): its
-status manager reconciles every 10 s, so sooner would only be removed again."""
+"""Seconds before the first rewrite of a field the kubelet removed or rewrote (``on``):
+its status manager reconciles every 10 s, so sooner would only be taken back again."""
 
 REMOVAL_BACKOFF_MAX = 300.0
 """At most one rewrite per pod per 5 minutes in steady state (``on``)."""
 
 
 def removal_backoff(removals: int) -> float:
-    """Seconds, after the ``removals``-th removal seen, before writing the field again.
+    """Seconds, after the ``removals``-th removal or rewrite seen, before writing the field again.
 
     10, 20, 40 ... 300 s, no jitter: the bound is a documented promise
     (``docs/sidecar.md``), and pods' removals already come at their own times.
@@ -115,8 +115,8 @@ class PodState:
     written: Written | None = None
     record: PostMortem | None = None
     kubelet_owned: bool = False  # the kubelet writes this pod's device entries
-    removals: int = 0  # times the kubelet was seen removing the field we wrote
-    rewrite_at: float | None = None  # ``on``: not before this time after a removal
+    takebacks: int = 0  # times the kubelet was seen removing or rewriting the field we wrote
+    rewrite_at: float | None = None  # ``on``: not before this time after a takeback
     field_hold_until: float | None = None  # ``auto`` beside a kubelet: first field write
     seen_health: dict[models.DeviceKey, models.HealthStatus] = dataclasses.field(
         default_factory=dict
@@ -146,6 +146,25 @@ class PodState:
         """Our write's answer: what it left is known, and every earlier write is older."""
         self.written = written
         self.unconfirmed.clear()
+
+    def rewritten(self, verdict: Verdict) -> bool:
+        """Whether ``verdict`` is the kubelet rewriting entries our accepted write left.
+
+        Its own entries in place of ours (one under the CDI ID several devices share,
+        where we write one per device): with ``on`` this is backed off like a removal,
+        or each side rewrites the other at every reconcile. Before our first write, or
+        after a takeback, what is there was never ours: no rewrite.
+        """
+        return verdict is Verdict.KUBELET_WRITES and self.written is not None
+
+    def taken_back(self, now: float) -> None:
+        """The kubelet removed or rewrote what we wrote: forget it, back the field off.
+
+        Counted once per takeback: what we wrote is forgotten until we write again.
+        """
+        self.written = None
+        self.takebacks += 1
+        self.rewrite_at = now + removal_backoff(self.takebacks)
 
 
 class PodStates:

@@ -46,9 +46,10 @@ only spare tokens (``calls.TokenBucket``), so they never delay a status write.
   whole node and say so once (``gates.KubeletGate``). The API server drops
   it (our own answer lacks it): ``gates.ServerGates``. Nobody touches it:
   we keep writing. The condition and events go on in every case;
-- ``on`` always writes it, except that a field the kubelet removed is
-  written again only after a per-pod backoff (``podstate.removal_backoff``:
-  10 s doubling to 5 min), so beside a kubelet that removes it there is at
+- ``on`` always writes it, except that a field the kubelet removed, or
+  rewrote with entries of its own (one under a CDI ID several devices share),
+  is written again only after a per-pod backoff (``podstate.removal_backoff``:
+  10 s doubling to 5 min), so beside a kubelet that takes it back there is at
   most one rewrite per pod per 5 minutes in steady state, not a write war.
 
 If the API server drops the field (its ``ResourceHealthStatus`` gate is off)
@@ -112,6 +113,7 @@ class WriterStats:
     kubelet_owned_pods: int = 0
     kubelet_removes: bool = False  # the node's kubelet removes the field (its gate is off)
     field_removals: int = 0  # removals of our field seen, every pod
+    field_rewrites: int = 0  # ``on``: rewrites of our field by the kubelet seen, every pod
     postmortem_records: int = 0
     pending: int = 0
     # Pods taken from the dirty set whose write has not ended yet: ``pending`` drops
@@ -482,6 +484,8 @@ class StatusWriter:
         if verdict is podstate.Verdict.KUBELET_REMOVES:
             self._kubelet_removed(state, pod)
         if self.mode is settings.ContainerStatusMode.ON:
+            if state.rewritten(verdict):
+                self._kubelet_rewrote(state, pod)
             return self._rewrite_due(state)
         if self._kubelet.removes:
             return False  # the kubelet's gate is off: node-wide, said once
@@ -516,19 +520,23 @@ class StatusWriter:
         return True
 
     def _kubelet_removed(self, state: podstate.PodState, pod: Obj) -> None:
-        # Counted once per removal: what we wrote is forgotten until we write again.
-        state.written = None
-        state.removals += 1
-        state.rewrite_at = self._clock.now() + podstate.removal_backoff(state.removals)
+        state.taken_back(self._clock.now())
         self._kubelet.removed(pod)
+        self._refresh_stats()
+
+    def _kubelet_rewrote(self, state: podstate.PodState, pod: Obj) -> None:
+        # ``on`` only: in ``auto`` a rewrite leaves the pod's field to the kubelet for good.
+        state.taken_back(self._clock.now())
+        self._kubelet.rewrote(pod)
         self._refresh_stats()
 
     def _rewrite_due(self, state: podstate.PodState) -> bool:
         """``on``: whether the field may be written now; if not, when it will be."""
-        if state.rewrite_at is None or self._clock.now() >= state.rewrite_at:
+        at = state.rewrite_at
+        if at is None or self._clock.now() >= at:
             return True
         # The condition is written now; the field once the backoff is over.
-        self._pods.defer(state.uid, state.rewrite_at)
+        self._pods.defer(state.uid, at)
         return False
 
     # -- terminated pods -----------------------------------------------------
@@ -552,6 +560,7 @@ class StatusWriter:
         self.stats.gate_off_detected = self._gates.detected
         self.stats.kubelet_removes = self._kubelet.removes
         self.stats.field_removals = self._kubelet.removals
+        self.stats.field_rewrites = self._kubelet.rewrites
 
 
 _rv = podjson.resource_version_number

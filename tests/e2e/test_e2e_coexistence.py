@@ -4,7 +4,9 @@ Writes are counted per user from the kube-apiserver's audit log. What each case 
 (docs/sidecar.md has the table this proves):
 
 - gate on: the kubelet writes the field; ``auto`` and ``off`` never do, ``on`` writes the
-  same names the kubelet does (so no war); our condition follows the kubelet's field.
+  same names the kubelet does (so no war); our condition follows the kubelet's field. Where
+  devices share their first CDI ID, ``on`` writes one ID per device and the kubelet one entry
+  under the shared ID: ``on`` backs off each rewrite by the kubelet as it does a removal.
 - gate off: the kubelet removes any field we write. ``auto`` sees that once, says so (log,
   metric, ``/readyz``, the Node Event ``KubeletRemovesResourceHealth``) and stops writing the
   field on the node; ``on`` rewrites with a per-pod backoff; ``off`` never writes it. The
@@ -13,6 +15,7 @@ Writes are counted per user from the kube-apiserver's audit log. What each case 
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 
@@ -76,6 +79,44 @@ def test_gate_on_the_kubelet_writes_the_field_and_we_never_fight_it(node_setup, 
     else:
         assert ours == 0
     assert _dra.field_health(world.pod("p")) == {CDI: "Unhealthy"}
+
+
+def shared_first_id_chips(n: int = 4) -> list[_dra.Device]:
+    """Chips whose prepare answers share their first CDI ID (the TPU driver's ``tpu=common``)."""
+    return [
+        _dra.Device(f"tpu-{i}", cdi_ids=(f"{_dra.DRIVER}/tpu=common", f"{_dra.DRIVER}/tpu=chip{i}"))
+        for i in range(n)
+    ]
+
+
+#: The window after a chip fails. Without the backoff each side wrote every ~10 s: 12 each.
+WAR_WINDOW = 120.0
+#: Our field writes in any window of WAR_WINDOW: the backoff after each rewrite by the
+#: kubelet is 10, 20, 40, 80 s..., so writes at 0, 10, 30, 70 s at the soonest, then 150 s.
+WAR_BOUND = 4
+
+
+@pytest.mark.timeout(WAR_WINDOW + 300)
+def test_gate_on_on_backs_off_a_kubelet_that_rewrites_a_shared_id(node_setup, audit):
+    world = node_setup(gate=True, devices=shared_first_id_chips())
+    sidecar = world.sidecar("on")
+    world.create_pod("p", [f"tpu-{i}" for i in range(4)])
+    world.running("p")
+    start = time.time()
+    world.flip("tpu-2", "UNHEALTHY", "TPU device file is missing")
+    sidecar.until(lambda: "tpu=chip2" in (_dra.condition(world.pod("p")) or {}).get(
+        "message", ""), 60, "our condition naming tpu=chip2")  # fmt: skip
+    time.sleep(max(0.0, start + WAR_WINDOW - time.time()))
+    ours = sidecar_field_writes(audit, world.namespace, "p", start)
+    theirs = kubelet_writes(audit, world, "p", start)
+    rewrites = sidecar.metric("kubelet_dra_field_rewrites_total")
+    print("\n" + json.dumps({"window_s": WAR_WINDOW, "ours_field": ours, "kubelet": theirs,
+                             "field_rewrites_total": rewrites}))  # fmt: skip
+    assert ours <= WAR_BOUND, f"a write war: ours {ours}, the kubelet's {theirs}"
+    assert theirs <= ours + 1, f"a write war: ours {ours}, the kubelet's {theirs}"
+    assert rewrites >= 1  # counted
+    cond = _dra.condition(world.pod("p")) or {}
+    assert cond.get("status") == "False" and "tpu=chip2" in cond.get("message", ""), cond
 
 
 def test_gate_off_auto_stops_the_field_on_the_node_and_says_so_once(node_setup, audit, api):

@@ -58,6 +58,8 @@ FAMILIES = {
     # issue 19: the node's kubelet removes the field (its gate off), and removals seen
     "kubelet_dra_kubelet_removes_field": "gauge",
     "kubelet_dra_field_removals": "counter",
+    # issue 39: rewrites by the kubelet of the field we wrote (``on``), counted like removals
+    "kubelet_dra_field_rewrites": "counter",
     # issue 22 (the soak): pods whose field is left to a kubelet that writes it
     "kubelet_dra_kubelet_owned_pods": "gauge",
     # issue 22: connections and requests the metrics port refused, by reason

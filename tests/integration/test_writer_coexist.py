@@ -229,48 +229,92 @@ BOUND = 1 + 5 + int(HOUR // podstate.REMOVAL_BACKOFF_MAX)
 
 
 async def test_on_rewrites_a_removed_field_with_a_per_pod_backoff_over_an_hour() -> None:
-    fake = clock.FakeClock()
     with fakeapi.FakeApiServer() as server:
-        server.create_claim(fakeapi.make_claim("p1-gpu", results=[(h.DRV, "pool", "gpu-0", "gpu")]))
-        pod = server.create_pod(
-            fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")])
-        )
-        index = claims.ClaimIndex()
-        index.set_pod(pod)
-        index.set_claim(server.get_claim("default", "p1-gpu"))
-        cache = healthinfo.HealthCache(default_lease=10 * HOUR)
-        client = server.api_client()
-        writer = kube.StatusWriter(
-            api=kube.Api(client), node_name=h.NODE, index=index, health=cache.get,
-            config=make_settings(tuning=WRITER, container_status=ON), clock=fake,
-            rng=random.Random(1),
-        )  # fmt: skip
         kubelet = KubeletStatusManager(server)  # gate off
-        device = models.DeviceReport("pool", "gpu-0", H.UNHEALTHY, "ECC")
-        writer.mark_dirty(index.pods_for_devices(cache.update(h.DRV, [device], now=fake.now())))
-        writer.pod_updated(pod)
-        written_at: list[float] = []
-        try:
-            for _ in range(int(HOUR // RECONCILE)):
-                before = _field_writes(server)
-                await writer.round()
-                if _field_writes(server) > before:
-                    written_at.append(fake.now())
-                fake.advance(RECONCILE)
-                if kubelet.reconcile("default", "p1"):
-                    writer.pod_updated(server.get_pod("default", "p1"))  # what the watch brings
-        finally:
-            await writer.aclose()
-            kubelet.close()
-            client.close()
+        written_at, writer = await _on_for_an_hour(server, kubelet, ["gpu-0"])
     gaps = [b - a for a, b in itertools.pairwise(written_at)]
     assert 10 < len(written_at) <= BOUND, written_at
     assert all(gap >= podstate.REMOVAL_BACKOFF_MAX for gap in gaps[5:]), gaps
     assert kubelet.writes == len(written_at)  # each of ours removed once: no war
     assert writer.stats.field_removals == kubelet.writes
+
+
+CHIPS = [f"tpu-{i}" for i in range(4)]
+SHARED = f"{h.DRV}/tpu=common"  # the first CDI ID of every chip (the TPU driver's)
+
+
+def _shared_first_id(pod: dict[str, Any], container: str) -> list[dict[str, Any]] | None:
+    """A gate-on kubelet (1.36+) beside chips sharing their first CDI ID: one entry, one ID."""
+    if container != "main":
+        return None
+    return [{"name": "claim:gpu", "resources": [{"resourceID": SHARED, "health": "Healthy"}]}]
+
+
+async def test_on_backs_off_a_kubelet_that_rewrites_the_field_over_an_hour(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # We write one ID per chip, the kubelet its one shared-ID entry at each reconcile after
+    # ours: without the backoff, one write from each side every 10 s for the whole hour.
+    with fakeapi.FakeApiServer() as server:
+        kubelet = KubeletStatusManager(server, entries=_shared_first_id)  # gate on
+        written_at, writer = await _on_for_an_hour(server, kubelet, CHIPS)
+        field = server.get_pod("default", "p1")["status"]["containerStatuses"][0]
+    gaps = [b - a for a, b in itertools.pairwise(written_at)]
+    assert 10 < len(written_at) <= BOUND, (len(written_at), written_at)
+    assert all(gap >= podstate.REMOVAL_BACKOFF_MAX for gap in gaps[5:]), gaps
+    assert kubelet.writes <= len(written_at) + 1  # each of ours rewritten once: no war
+    assert writer.stats.field_rewrites == len(written_at)
+    assert writer.stats.field_removals == 0 and writer.stats.kubelet_owned_pods == 0
+    assert field["allocatedResourcesStatus"] == _shared_first_id({}, "main")  # the kubelet's
+    said = [r for r in caplog.records if "rewrites containerStatuses" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING  # said once, counted each
+    assert "--container-status auto" in said[0].getMessage()
+
+
+async def _on_for_an_hour(
+    server: fakeapi.FakeApiServer, kubelet: KubeletStatusManager, devices: list[str]
+) -> tuple[list[float], kube.StatusWriter]:
+    """``on`` beside ``kubelet`` for an hour on the fake clock: the last device fails,
+    the kubelet reconciles every 10 s; when each field write of ours was sent."""
+    fake = clock.FakeClock()
+    results = [(h.DRV, "pool", d, "gpu") for d in devices]
+    server.create_claim(fakeapi.make_claim("p1-gpu", results=results))
+    pod = server.create_pod(
+        fakeapi.make_pod("p1", h.NODE, claims=[fakeapi.PodClaim("gpu", "p1-gpu")])
+    )
+    index = claims.ClaimIndex()
+    index.set_pod(pod)
+    index.set_claim(server.get_claim("default", "p1-gpu"))
+    cache = healthinfo.HealthCache(default_lease=10 * HOUR)
+    client = server.api_client()
+    writer = kube.StatusWriter(
+        api=kube.Api(client), node_name=h.NODE, index=index, health=cache.get,
+        config=make_settings(tuning=WRITER, container_status=ON), clock=fake,
+        rng=random.Random(1),
+    )  # fmt: skip
+    *healthy, failed = devices  # the last fails: the kubelet's shared ID shows chip 0's health
+    reports = [models.DeviceReport("pool", d, H.HEALTHY) for d in healthy]
+    reports.append(models.DeviceReport("pool", failed, H.UNHEALTHY, "ECC"))
+    writer.mark_dirty(index.pods_for_devices(cache.update(h.DRV, reports, now=fake.now())))
+    writer.pod_updated(pod)
+    written_at: list[float] = []
+    try:
+        for _ in range(int(HOUR // RECONCILE)):
+            before = _field_writes(server)
+            await writer.round()
+            if _field_writes(server) > before:
+                written_at.append(fake.now())
+            fake.advance(RECONCILE)
+            if kubelet.reconcile("default", "p1"):
+                writer.pod_updated(server.get_pod("default", "p1"))  # what the watch brings
+    finally:
+        await writer.aclose()
+        kubelet.close()
+        client.close()
     cond = next(c for c in server.get_pod("default", "p1")["status"]["conditions"]
                 if c["type"] == "DeviceHealthy")  # fmt: skip
     assert cond["status"] == "False"  # the condition never needed a rewrite
+    return written_at, writer
 
 
 def _rv(pod: Mapping[str, Any]) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubelet_dra import models
+from kubelet_dra import clock, models
 from kubelet_dra.kube import podstate
 from kubelet_dra.status import claims
 
@@ -252,3 +252,59 @@ def test_the_in_flight_record_keeps_the_newest_entries_only() -> None:
     assert len(state.unconfirmed) == podstate.MAX_UNCONFIRMED
     newest = {"name": "claim:gpu", "resources": [{"resourceID": "r20", "health": "Healthy"}]}
     assert list(state.unconfirmed)[-1] == podstate.sent_entries(MAIN, [newest])
+
+
+# -- ``on`` beside a kubelet that rewrites the field (issue 39) --------------------------
+
+CHIPS = {"name": "claim:gpu", "resources": [
+    {"resourceID": f"d/p/tpu-{i}", "health": "Unhealthy" if i == 2 else "Healthy"}
+    for i in range(4)]}  # fmt: skip
+SHARED = {"name": "claim:gpu", "resources": [{"resourceID": "d/tpu=common", "health": "Healthy"}]}
+
+
+def _chips_written(rv: int) -> podstate.Written:
+    answer = _pod(rv, CHIPS)
+    return podstate.Written(rv, podstate.managed_entries(answer, _desired(CHIPS)))
+
+
+def test_a_shared_id_entry_in_place_of_ours_is_a_rewrite_by_the_kubelet() -> None:
+    # We wrote one ID per chip; the kubelet (gate on) its one entry under the shared ID.
+    state = podstate.PodState(_pod(5, CHIPS))
+    state.confirmed(_chips_written(5))
+    verdict = podstate.kubelet_verdict(state.written, _pod(6, SHARED), _desired(CHIPS))
+    assert verdict is V.KUBELET_WRITES and state.rewritten(verdict)
+    # Not a rewrite: nobody touched it, the echo of our write, or a removal.
+    for later, other in (
+        (_pod(6, CHIPS), V.NOBODY),
+        (_pod(5), V.NOBODY),
+        (_pod(6), V.KUBELET_REMOVES),
+    ):
+        assert podstate.kubelet_verdict(state.written, later, _desired(CHIPS)) is other
+        assert not state.rewritten(other)
+
+
+def test_before_our_first_write_the_kubelets_entry_is_no_rewrite() -> None:
+    state = podstate.PodState(_pod(3, SHARED))
+    verdict = podstate.kubelet_verdict(None, _pod(3, SHARED), _desired(CHIPS), kubelet_beside=True)
+    assert verdict is V.KUBELET_WRITES and not state.rewritten(verdict)
+
+
+def test_each_rewrite_backs_the_field_off_like_a_removal_on_a_fake_clock() -> None:
+    fake = clock.FakeClock()
+    state = podstate.PodState(_pod(5, CHIPS))
+    rv, waits = 5, []
+    for _ in range(8):
+        state.confirmed(_chips_written(rv))  # our write, accepted
+        verdict = podstate.kubelet_verdict(state.written, _pod(rv + 1, SHARED), _desired(CHIPS))
+        assert state.rewritten(verdict)
+        state.taken_back(fake.now())
+        assert state.written is None and not state.rewritten(verdict)  # counted once
+        assert state.rewrite_at is not None
+        waits.append(state.rewrite_at - fake.now())
+        fake.advance(waits[-1])
+        rv += 2
+    assert waits == [10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0, 300.0]
+    assert state.takebacks == 8
+    # Removals and rewrites share the one backoff: a removal next waits as long.
+    state.taken_back(fake.now())
+    assert state.rewrite_at == fake.now() + podstate.REMOVAL_BACKOFF_MAX
