@@ -38,7 +38,9 @@ def pytest_counts(xml_path: Path) -> str:
 
 
 def lines(result: dict[str, Any], junit_dir: Path) -> list[str]:
-    envs: dict[str, Any] = result.get("testenvs", {})
+    # tox lists every environment it knows (and its packaging one); those that ran have a
+    # result.
+    envs: dict[str, Any] = {k: v for k, v in result.get("testenvs", {}).items() if "result" in v}
     width = max((len(name) for name in envs), default=0)
     out = []
     for name, env in envs.items():

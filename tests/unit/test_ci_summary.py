@@ -34,6 +34,8 @@ def test_each_environment_gets_its_counts_seconds_and_exit(
     result = {"testenvs": {
         "py": {"result": {"duration": 512.4, "exit_code": 1}},
         "lint": {"result": {"duration": 3.2, "exit_code": 0}},
+        ".pkg": {"python": {}},
+        "fuzz": {},
     }}  # fmt: skip
     (tmp_path / "result.json").write_text(json.dumps(result))
     assert _summary().main([str(tmp_path / "result.json"), str(junit)]) == 0
