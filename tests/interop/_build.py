@@ -20,6 +20,9 @@ it); any other ``go list`` failure (a broken go.sum, a wrong pin) and a compile 
 The command-line tools of the deploy tests (helm, promtool; :data:`TOOL_ARTIFACTS`) are
 built the same way from modules under ``tests/tools`` that pin an upstream command.
 
+containerd, ``ctr`` and the runc shim of the node tier (:data:`NODE_ARTIFACTS`) come from a
+module under ``tests/node`` in the same way.
+
 Run ``python tests/interop/_build.py [name ...]`` to prebuild and print the build times.
 """
 
@@ -246,6 +249,64 @@ E2E_ARTIFACTS: dict[str, GoArtifact] = {
 }
 E2E_ARTIFACTS["fakecri"] = GoArtifact("fakecri", "v0.37.2", "fakecri", "fakecri", root=E2E_DIR)
 ARTIFACTS.update(E2E_ARTIFACTS)
+
+#: The node tier's container runtime, built from ``tests/node/containerd`` (a go.mod whose
+#: ``tool`` lines pin containerd's commands), with the tags and link flags of containerd's
+#: own Makefile; the shim is static (no cgo) and without gRPC, as upstream ships it. The
+#: pause image's static sandbox process is a module of ours beside it.
+NODE_DIR = INTEROP_DIR.parent / "node"
+CONTAINERD_VERSION = "v2.4.2"
+_CONTAINERD_PKG = "github.com/containerd/containerd/v2"
+_CONTAINERD_LDFLAGS = (
+    f"-s -w -X {_CONTAINERD_PKG}/version.Version={CONTAINERD_VERSION} "
+    f"-X {_CONTAINERD_PKG}/version.Package={_CONTAINERD_PKG}"
+)
+NODE_ARTIFACTS: dict[str, GoArtifact] = {
+    a.name: a
+    for a in (
+        GoArtifact(
+            "containerd",
+            CONTAINERD_VERSION,
+            "containerd",
+            "containerd",
+            root=NODE_DIR,
+            package=f"{_CONTAINERD_PKG}/cmd/containerd",
+            tags="urfave_cli_no_docs",
+            ldflags=_CONTAINERD_LDFLAGS,
+        ),
+        GoArtifact(
+            "ctr",
+            CONTAINERD_VERSION,
+            "containerd",
+            "ctr",
+            root=NODE_DIR,
+            package=f"{_CONTAINERD_PKG}/cmd/ctr",
+            tags="urfave_cli_no_docs",
+            ldflags=_CONTAINERD_LDFLAGS,
+        ),
+        GoArtifact(
+            "containerd-shim-runc-v2",
+            CONTAINERD_VERSION,
+            "containerd",
+            "containerd-shim-runc-v2",
+            root=NODE_DIR,
+            package=f"{_CONTAINERD_PKG}/cmd/containerd-shim-runc-v2",
+            tags="urfave_cli_no_docs no_grpc",
+            ldflags=_CONTAINERD_LDFLAGS,
+            env=(("CGO_ENABLED", "0"),),
+        ),
+        # The sandbox process of the node tier's pause image (tests/node/_images.py).
+        GoArtifact(
+            "node-pause",
+            "v0.1.0",
+            "pause",
+            "pause",
+            root=NODE_DIR,
+            env=(("CGO_ENABLED", "0"),),
+        ),
+    )
+}
+ARTIFACTS.update(NODE_ARTIFACTS)
 
 #: Names accepted for the two driver builds (helper release, Kubernetes minor, short name).
 DRIVER_ALIASES: dict[str, str] = {

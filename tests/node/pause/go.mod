@@ -1,0 +1,3 @@
+module kubelet-dra/tests/node/pause
+
+go 1.26.0
