@@ -20,8 +20,8 @@ it); any other ``go list`` failure (a broken go.sum, a wrong pin) and a compile 
 The command-line tools of the deploy tests (helm, promtool; :data:`TOOL_ARTIFACTS`) are
 built the same way from modules under ``tests/tools`` that pin an upstream command.
 
-containerd, ``ctr`` and the runc shim of the node tier (:data:`NODE_ARTIFACTS`) come from a
-module under ``tests/node`` in the same way.
+containerd, ``ctr``, the runc shim, runc and a pause binary of the node tier
+(:data:`NODE_ARTIFACTS`) come from modules under ``tests/node`` in the same way.
 
 Run ``python tests/interop/_build.py [name ...]`` to prebuild and print the build times.
 """
@@ -256,6 +256,7 @@ ARTIFACTS.update(E2E_ARTIFACTS)
 #: pause image's static sandbox process is a module of ours beside it.
 NODE_DIR = INTEROP_DIR.parent / "node"
 CONTAINERD_VERSION = "v2.4.2"
+RUNC_VERSION = "v1.5.3"
 _CONTAINERD_PKG = "github.com/containerd/containerd/v2"
 _CONTAINERD_LDFLAGS = (
     f"-s -w -X {_CONTAINERD_PKG}/version.Version={CONTAINERD_VERSION} "
@@ -294,6 +295,18 @@ NODE_ARTIFACTS: dict[str, GoArtifact] = {
             tags="urfave_cli_no_docs no_grpc",
             ldflags=_CONTAINERD_LDFLAGS,
             env=(("CGO_ENABLED", "0"),),
+        ),
+        # runc as its Makefile builds it, without libpathrs (a Rust library Debian does not
+        # ship); cgo with Debian's libseccomp-dev for the seccomp profiles.
+        GoArtifact(
+            "runc",
+            RUNC_VERSION,
+            "runc",
+            "runc",
+            root=NODE_DIR,
+            package="github.com/opencontainers/runc",
+            tags="seccomp urfave_cli_no_docs",
+            ldflags=f"-s -w -X main.gitCommit={RUNC_VERSION}",
         ),
         # The sandbox process of the node tier's pause image (tests/node/_images.py).
         GoArtifact(
