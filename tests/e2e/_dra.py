@@ -111,8 +111,12 @@ def create_pod(
     devices: Sequence[str],
     restart: str = "Never",
     template: bool = False,
+    spec: Obj | None = None,
 ) -> Obj:
     """Create a claim for ``devices`` and a pod using it, allocated and bound to ``node``.
+
+    ``spec``: fields that replace those of :func:`pod_object`'s pod spec (the node tier's
+    image, command and host network).
 
     ``template``: the pod names a ResourceClaimTemplate and this plays the resourceclaim
     controller (there is no controller manager here): the claim is generated for the pod,
@@ -122,11 +126,10 @@ def create_pod(
     """
     base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
     claim_name = f"{name}-gpu"
-    pod = api.create(
-        f"/api/v1/namespaces/{namespace}/pods",
-        pod_object(name, f"{claim_name}-template" if template else claim_name, restart=restart,
-                   template=template),
-    )  # fmt: skip
+    obj = pod_object(name, f"{claim_name}-template" if template else claim_name,
+                     restart=restart, template=template)  # fmt: skip
+    obj["spec"].update(spec or {})
+    pod = api.create(f"/api/v1/namespaces/{namespace}/pods", obj)
     meta: Obj = {"name": claim_name}
     if template:
         meta["annotations"] = {"resource.kubernetes.io/pod-claim-name": "gpu"}

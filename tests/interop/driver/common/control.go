@@ -35,6 +35,9 @@ type PreparedDevice struct {
 	Pool         string   `json:"pool"`
 	Device       string   `json:"device"`
 	CDIDeviceIDs []string `json:"cdi_device_ids,omitempty"`
+	// DevicePath, with --cdi-dir, is a host device node (or file) that prepare writes a CDI
+	// spec for, so that the runtime injects it at /dev/<device>; its CDI ID is added.
+	DevicePath string `json:"device_path,omitempty"`
 }
 
 // StreamError makes health streams fail with a gRPC status while it is set.

@@ -18,6 +18,7 @@ type Config struct {
 	HelperVersion  string
 	DisableHealth  bool
 	PollIntervalMs int
+	CDIDir         string
 }
 
 // ParseFlags parses os.Args. helperVersion names the kubeletplugin release of this build.
@@ -36,6 +37,8 @@ func ParseFlags(helperVersion string) Config {
 	fs.BoolVar(&c.DisableHealth, "disable-health", false, "turn the health service off "+
 		"(only where the helper has an option for it)")
 	fs.IntVar(&c.PollIntervalMs, "poll-interval-ms", 100, "control file poll interval")
+	fs.StringVar(&c.CDIDir, "cdi-dir", "", "optional directory the container runtime reads "+
+		"CDI specs from; prepare writes one per claim for devices with a device_path")
 	version := fs.Bool("version", false, "print the helper version and exit")
 	_ = fs.Parse(os.Args[1:])
 	if *version {

@@ -1,6 +1,7 @@
 // Command interop-driver is a scripted DRA driver for the kubelet-dra interop tests, built on
 // the k8s.io/dynamic-resource-allocation kubeletplugin helper of the newest release. Device
-// health comes from a JSON control file; see the common module for its format.
+// health comes from a JSON control file; see the common module for its format. With
+// --cdi-dir, prepare writes CDI specs for the devices the control file gives a device_path.
 package main
 
 import (
@@ -25,6 +26,8 @@ const helperVersion = "v0.37.2"
 type driver struct {
 	name    string
 	control *common.Watcher
+	// cdiDir, if set, is where prepare writes a CDI spec per claim (common.WriteCDISpec).
+	cdiDir string
 }
 
 func (d *driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (
@@ -36,7 +39,14 @@ func (d *driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.
 		if c.PrepareError != "" {
 			res.Err = errors.New(c.PrepareError)
 		}
-		for _, p := range common.PrepareList(c, d.name) {
+		prepared := common.PrepareList(c, d.name)
+		if d.cdiDir != "" && res.Err == nil {
+			var err error
+			if prepared, err = common.WriteCDISpec(d.cdiDir, d.name, string(claim.UID), prepared); err != nil {
+				res.Err = err
+			}
+		}
+		for _, p := range prepared {
 			res.Devices = append(res.Devices, kubeletplugin.Device{
 				Requests: p.Requests, PoolName: p.Pool, DeviceName: p.Device,
 				CDIDeviceIDs: p.CDIDeviceIDs,
@@ -52,6 +62,9 @@ func (d *driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 	out := make(map[types.UID]error, len(claims))
 	for _, claim := range claims {
 		out[claim.UID] = nil
+		if d.cdiDir != "" {
+			out[claim.UID] = common.RemoveCDISpec(d.cdiDir, d.name, string(claim.UID))
+		}
 	}
 	return out, nil
 }
@@ -127,7 +140,7 @@ func run(ctx context.Context, cfg common.Config) error {
 	if cfg.DisableHealth {
 		opts = append(opts, kubeletplugin.HealthService(false))
 	}
-	helper, err := kubeletplugin.Start(ctx, &driver{name: cfg.DriverName, control: watcher}, opts...)
+	helper, err := kubeletplugin.Start(ctx, &driver{name: cfg.DriverName, control: watcher, cdiDir: cfg.CDIDir}, opts...)
 	if err != nil {
 		return fmt.Errorf("start kubeletplugin helper: %w", err)
 	}
