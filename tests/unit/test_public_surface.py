@@ -51,7 +51,9 @@ def _doc_sources() -> list[tuple[str, str]]:
         for path in sorted(DOCS.glob("*.md"))
         for n, block in enumerate(_FENCE.findall(path.read_text()), 1)
     ]
-    sources += [(str(p.relative_to(ROOT)), p.read_text()) for p in sorted(DOCS.rglob("*.py"))]
+    # The examples a user copies; docs/generate.py is the site's own tool, not an example.
+    examples = sorted((DOCS / "examples").rglob("*.py"))
+    sources += [(str(p.relative_to(ROOT)), p.read_text()) for p in examples]
     return sources
 
 
