@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import enum
+import json
 import pathlib
 import sys
 from collections.abc import Callable, Iterator
@@ -242,6 +243,60 @@ def events_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+BASELINE = ROOT / "benchmarks" / "baseline.json"
+_SCENARIO_WORDS = {"API": "apiload"}
+
+
+def _command_for(scenario: str, sources: dict[str, Any]) -> str:
+    """The command of the baseline source whose ``--only`` list has this row's scenario."""
+    words = scenario.replace(",", " ").split()
+    name = words[1] if words[0].isdigit() else words[0]
+    name = _SCENARIO_WORDS.get(name, name)
+    for source in sources.values():
+        command = str(source["command"])
+        only = command.split("--only", 1)[1].split()[0] if "--only" in command else ""
+        if name in only.split(","):
+            return command
+    raise KeyError(f"benchmarks/baseline.json has no source for the row {scenario!r}")
+
+
+def _met(value: object) -> str:
+    return {True: "met", False: "**missed**"}.get(value, "report only")  # type: ignore[call-overload]
+
+
+def performance_table() -> str:
+    """The summary rows of benchmarks/baseline.json, with the command that measures each."""
+    baseline = json.loads(BASELINE.read_text())
+    lines = [
+        "| Scenario | Figure | Floor or baseline (same run) | Ratio | Target | Verdict "
+        "| Reproduce |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in baseline["rows"]:
+        command = _command_for(row["scenario"], baseline["sources"])
+        lines.append(
+            f"| {_cell(row['scenario'])} | {_cell(row['figure'])} | {_cell(row['floor'])} "
+            f"| {_cell(row['ratio'])} | {_cell(row['target'])} | {_met(row['met'])} "
+            f"| `{command}` |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+#: Generated regions inside hand-written pages: page -> (name, function). The region sits
+#: between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``.
+REGIONS: dict[str, tuple[str, Callable[[], str]]] = {
+    "performance.md": ("benchmarks/baseline.json", performance_table),
+}
+
+
+def fill_region(text: str, name: str, body: str) -> str:
+    begin, end = f"<!-- generated: {name} -->", f"<!-- end: {name} -->"
+    head, found, rest = text.partition(begin)
+    if not found or end not in rest:
+        raise ValueError(f"the page has no region {begin} ... {end}")
+    return f"{head}{begin}\n{body}{end}{rest.split(end, 1)[1]}"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "flags.md": flags_page,
     "metrics.md": metrics_page,
@@ -255,17 +310,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
     args = parser.parse_args(argv)
     stale = []
+    for name, (region, body) in REGIONS.items():
+        path = ROOT / "docs" / name
+        old = path.read_text()
+        new = fill_region(old, region, body())
+        if args.check:
+            if new != old:
+                stale.append(name)
+        elif new != old:
+            path.write_text(new)
     for name, page in PAGES.items():
         path = REFERENCE / name
         text = page()
         if args.check:
             if not path.exists() or path.read_text() != text:
-                stale.append(name)
+                stale.append(f"reference/{name}")
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     for name in stale:
-        print(f"docs/reference/{name} is stale: run python docs/generate.py", file=sys.stderr)
+        print(f"docs/{name} is stale: run python docs/generate.py", file=sys.stderr)
     return 1 if stale else 0
 
 

@@ -42,3 +42,13 @@ def test_every_run_flag_is_on_the_flags_page() -> None:
     page = (ROOT / "docs" / "reference" / "flags.md").read_text()
     for flag, (_field, env, _text) in cli.RUN_FLAGS.items():
         assert f"| `{flag}` | `{env}` |" in page
+
+
+@pytest.mark.parametrize("name", sorted(GENERATE.REGIONS))
+def test_generated_region_is_current(name: str) -> None:
+    path = ROOT / "docs" / name
+    region, body = GENERATE.REGIONS[name]
+    text = path.read_text()
+    assert GENERATE.fill_region(text, region, body()) == text, (
+        f"docs/{name}: the table from {region} is stale: run python docs/generate.py"
+    )
