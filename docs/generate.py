@@ -9,7 +9,9 @@ fails the test suite). Sources:
 - metrics: every family a sidecar's registry collects, with its type, labels and help;
 - Helm values: the chart's ``values.yaml`` and ``values.schema.json``, through the table the
   chart's README holds (``tests/deploy/chart_readme.py``);
-- Event reasons, the pod condition and exit codes: the constants that define them.
+- Event reasons, the pod condition and exit codes: the constants that define them;
+- the figure tables of performance.md, memory.md and scaling.md (regions between
+  ``<!-- generated: ... -->`` markers): the rows of ``benchmarks/baseline.json``.
 """
 
 from __future__ import annotations
@@ -254,25 +256,33 @@ def _command_for(scenario: str, sources: dict[str, Any]) -> str:
     name = _SCENARIO_WORDS.get(name, name)
     for source in sources.values():
         command = str(source["command"])
-        only = command.split("--only", 1)[1].split()[0] if "--only" in command else ""
+        only = command.split("--only", 1)[1].split(maxsplit=1)[0] if "--only" in command else ""
         if name in only.split(","):
             return command
     raise KeyError(f"benchmarks/baseline.json has no source for the row {scenario!r}")
 
 
 def _met(value: object) -> str:
-    return {True: "met", False: "**missed**"}.get(value, "report only")  # type: ignore[call-overload]
+    if value is True:
+        return "met"
+    return "**missed**" if value is False else "report only"
 
 
-def performance_table() -> str:
-    """The summary rows of benchmarks/baseline.json, with the command that measures each."""
+def performance_table(prefix: str = "") -> str:
+    """The summary rows of benchmarks/baseline.json, with the command that measures each.
+
+    ``prefix``: only the rows whose scenario starts with it (a page's own scenario).
+    """
     baseline = json.loads(BASELINE.read_text())
     lines = [
         "| Scenario | Figure | Floor or baseline (same run) | Ratio | Target | Verdict "
         "| Reproduce |",
         "|---|---|---|---|---|---|---|",
     ]
-    for row in baseline["rows"]:
+    rows = [row for row in baseline["rows"] if row["scenario"].startswith(prefix)]
+    if not rows:
+        raise KeyError(f"benchmarks/baseline.json has no row starting {prefix!r}")
+    for row in rows:
         command = _command_for(row["scenario"], baseline["sources"])
         lines.append(
             f"| {_cell(row['scenario'])} | {_cell(row['figure'])} | {_cell(row['floor'])} "
@@ -286,6 +296,8 @@ def performance_table() -> str:
 #: between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``.
 REGIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "performance.md": ("benchmarks/baseline.json", performance_table),
+    "memory.md": ("benchmarks/baseline.json", lambda: performance_table("6 memory")),
+    "scaling.md": ("benchmarks/baseline.json", lambda: performance_table("9 fleet")),
 }
 
 
