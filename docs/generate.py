@@ -292,12 +292,28 @@ def performance_table(prefix: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def equivalent_mutants() -> str:
+    """The mutants ``tests/mutation/score.py`` declares equivalent, with their reasons."""
+    from tests.mutation import score
+
+    grouped: dict[tuple[str, str], list[int]] = {}
+    for name, reason in score.EQUIVALENT.items():
+        function, number = score.short_name(name)
+        grouped.setdefault((function, reason), []).append(int(number))
+    lines = ["| mutant | why it is equivalent |", "|---|---|"]
+    for (function, reason), numbers in sorted(grouped.items()):
+        shown = ", ".join(str(n) for n in sorted(numbers))
+        lines.append(f"| `{function}` {shown} | {_cell(reason)} |")
+    return "\n".join(lines) + "\n"
+
+
 #: Generated regions inside hand-written pages: page -> (name, function). The region sits
 #: between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``.
 REGIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "performance.md": ("benchmarks/baseline.json", performance_table),
     "memory.md": ("benchmarks/baseline.json", lambda: performance_table("6 memory")),
     "scaling.md": ("benchmarks/baseline.json", lambda: performance_table("9 fleet")),
+    "testing.md": ("tests/mutation/score.py EQUIVALENT", equivalent_mutants),
 }
 
 

@@ -377,6 +377,21 @@ def run(
     return subprocess.run([*niced, *command, *names], check=False, cwd=root, env=env).returncode
 
 
+def short_name(name: str) -> tuple[str, str]:
+    """``(function, number)`` of a mutant as the docs name it.
+
+    ``kubelet_dra.plugin.validation.x_printable__mutmut_7`` is ``("validation.printable",
+    "7")``: a function is named by its module's label in :data:`MODULES`.
+    """
+    function, number = name.rsplit("__mutmut_", 1)
+    label = next(m for m in MODULES if function.startswith(dotted(m) + "."))
+    mangled = function.removeprefix(dotted(label) + ".")
+    # A method is "xǁ<Class>ǁ<method>": only the leading "xǁ" is mutmut's (a class
+    # named "...Index" holds an "xǁ" of its own).
+    plain = mangled.removeprefix("x_") if mangled.startswith("x_") else mangled.removeprefix("xǁ")
+    return f"{label.replace('/', '.')}.{plain.replace('ǁ', '.')}", number
+
+
 def in_scope(module: str, name: str) -> bool:
     function = name.removeprefix(dotted(module) + ".").rsplit("__mutmut_", 1)[0]
     return any(fnmatch.fnmatchcase(function, f) for f in SCOPE.get(module, ("*",)))

@@ -16,16 +16,7 @@ DOC = pathlib.Path(__file__).parents[2] / "docs" / "testing.md"
 
 
 def _short(name: str) -> tuple[str, str]:
-    # "kubelet_dra.plugin.registration.x__printable__mutmut_7" -> ("validation.printable", "7"):
-    # the docs name a function by the module's label in score.MODULES.
-    function, number = name.rsplit("__mutmut_", 1)
-    label = next(m for m in score.MODULES if function.startswith(score.dotted(m) + "."))
-    mangled = function.removeprefix(score.dotted(label) + ".")
-    # A method is "xǁ<Class>ǁ<method>": only the leading "xǁ" is mutmut's (a class
-    # named "...Index" holds an "xǁ" of its own).
-    plain = mangled.removeprefix("x_") if mangled.startswith("x_") else mangled.removeprefix("xǁ")
-    plain = plain.replace("ǁ", ".")
-    return f"{label.replace('/', '.')}.{plain}", number
+    return score.short_name(name)
 
 
 def _numbers(cell: str) -> set[str]:
