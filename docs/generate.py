@@ -21,6 +21,7 @@ import asyncio
 import enum
 import json
 import pathlib
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -52,7 +53,15 @@ def _default(value: Any) -> str:
         return f"`{value}`"
     if isinstance(value, str):
         return f"`{value}`" if value else '`""`'
+    if isinstance(value, float):
+        return f"`{value:g}`"
     return f"`{value}`"
+
+
+def _help(text: str) -> str:
+    """A flag's help without the default it restates: the table has a column for it."""
+    text = re.sub(r"\s*\(default [^;()]*\)", "", text)
+    return re.sub(r"\(default [^;()]*; ", "(", text)
 
 
 def _constraint(field: Any) -> str:
@@ -83,18 +92,18 @@ def flags_page() -> str:
         "`kubelet-dra-health run` reads each setting from its flag, else from its environment",
         "variable, else the default. A bad value is one line on stderr and exit status 2.",
         "",
-        "| Flag | Environment variable | Default | What it sets |",
-        "|---|---|---|---|",
+        "| Flag and environment variable | Default | What it sets |",
+        "|---|---|---|",
     ]
     flagged = set()
     for flag, (name, env, text) in cli.RUN_FLAGS.items():
         flagged.add(name)
         default = _default(fields[name].default)
-        lines.append(f"| `{flag}` | `{env}` | {default} | {_cell(text)} |")
+        lines.append(f"| `{flag}`<br>`{env}` | {default} | {_cell(_help(text))} |")
     lines += [
-        "| `-v`, `--verbose` | | `0` | more logs: once for our DEBUG lines, twice for the "
+        "| `-v`, `--verbose` | `0` | more logs: once for our DEBUG lines, twice for the "
         "client libraries' too |",
-        "| `--log-format` | | `text` | `text` or `json` |",
+        "| `--log-format` | `text` | `text` or `json` |",
         "",
         "## Tuning settings",
         "",

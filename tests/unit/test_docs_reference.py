@@ -41,7 +41,7 @@ def test_every_run_flag_is_on_the_flags_page() -> None:
 
     page = (ROOT / "docs" / "reference" / "flags.md").read_text()
     for flag, (_field, env, _text) in cli.RUN_FLAGS.items():
-        assert f"| `{flag}` | `{env}` |" in page
+        assert f"| `{flag}`<br>`{env}` |" in page
 
 
 @pytest.mark.parametrize("name", sorted(GENERATE.REGIONS))
