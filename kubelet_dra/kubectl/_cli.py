@@ -4,7 +4,7 @@ Exit status: 0 done; 1 a one-line error (unreachable or forbidden API, missing p
 kubeconfig); 2 a usage error; 3 ``--fail-on`` matched. ``--fail-on`` looks at every device
 (``devices``), entry (``pods``) or resource (``describe``) in scope (namespace, node, driver),
 whatever ``--health`` or ``--all`` shows. See the "kubectl dra-health" section of
-``docs/operations.md``.
+``docs/kubectl.md``.
 """
 
 from __future__ import annotations

@@ -824,7 +824,7 @@ def test_readme_and_operations_show_the_real_devices_output(demo: str) -> None:
     readme = (root / "README.md").read_text()
     shown = "\n".join("    " + line for line in text.splitlines())
     assert "    $ kubectl dra-health devices\n" + shown + "\n" in readme
-    assert "$ kubectl dra-health devices\n" + text in (root / "docs" / "operations.md").read_text()
+    assert "$ kubectl dra-health devices\n" + text in (root / "docs" / "kubectl.md").read_text()
 
 
 def test_kubectl_runs_the_plugin_found_on_path(demo: str, kubectl_bin: pathlib.Path) -> None:

@@ -14,7 +14,7 @@ on another node is denied by the chart's policy and one on its own node is allow
 chart's RBAC.
 
 And the real ``helm install``, ``upgrade`` and ``uninstall`` against that API server, as
-docs/operations.md tells users (``--create-namespace``; an existing namespace with
+docs/helm.md tells users (``--create-namespace``; an existing namespace with
 ``namespace.create=false``).
 
 The ServiceMonitor and PrometheusRule need the Prometheus Operator's CRDs: the real ones of
@@ -521,7 +521,7 @@ def test_installed_rendering_limits_status_writes_to_own_node(
 def test_helm_install_upgrade_uninstall(
     helm_bin: Path, dynamic: DynamicClient, kube_apiserver: KubeApiServer
 ) -> None:
-    """The real helm against the real API server, as docs/operations.md tells users to.
+    """The real helm against the real API server, as docs/helm.md tells users to.
 
     Without --create-namespace the install fails (Helm stores its release record in the
     namespace before creating anything); with it, the chart's Namespace object takes the
