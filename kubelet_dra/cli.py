@@ -50,11 +50,11 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "where drivers' registration sockets appear",
     ),
     "--state-dir": ("state_dir", "KUBELET_DRA_STATE_DIR", "the persistent health cache"),
-    "--kubelet-root-dir": (
-        "kubelet_root_dir",
-        "KUBELET_DRA_KUBELET_ROOT_DIR",
-        "the kubelet's --root-dir, whose dra_manager_state names CDI device IDs "
-        "(default /var/lib/kubelet); empty disables",
+    "--pod-resources-socket": (
+        "pod_resources_socket",
+        "KUBELET_DRA_POD_RESOURCES_SOCKET",
+        "the kubelet's PodResources API, whose answers name devices by their CDI device IDs "
+        "(default /var/lib/kubelet/pod-resources/kubelet.sock); empty disables",
     ),
     "--kubelet-field-grace": (
         "kubelet_field_grace",
@@ -229,6 +229,13 @@ def run_settings(ns: argparse.Namespace) -> settings_mod.Settings:
     if "kubeconfig" not in values and os.environ.get("KUBECONFIG") == "":
         # An empty KUBECONFIG means "unset" to kubectl; pydantic would read it as ".".
         values["kubeconfig"] = None
+    if os.environ.get("KUBELET_DRA_KUBELET_ROOT_DIR"):
+        # The earlier manifests' variable: `run` no longer reads the kubelet's files.
+        logging.getLogger(__name__).warning(
+            "KUBELET_DRA_KUBELET_ROOT_DIR is ignored: run names devices from the kubelet's "
+            "PodResources API (--pod-resources-socket); the kubelet root dir need not be mounted"
+        )
+    values["kubelet_root_dir"] = None
     try:
         return settings_mod.Settings(**values)
     except pydantic.ValidationError as exc:
