@@ -23,7 +23,9 @@ What the kubelet does that shapes this module:
   takes a device's own IDs as what follows the previous device's list.
 - A kubelet restart removes and re-creates the socket: the channel leaves
   ``READY``, and the client connects again with the health streams' backoff
-  (``plugin.streams.Backoff``, on the injected clock), then lists again.
+  (``plugin.streams.Backoff``, on the injected clock), then lists again. A
+  channel that goes idle (gRPC's idle timeout) leaves ``READY`` too: one more
+  ``List``, no harm.
 - A kubelet without ``KubeletPodResourcesDynamicResources`` (1.34 or 1.35 with it
   turned off) answers containers without ``dynamic_resources``; a server without
   the service answers ``UNIMPLEMENTED``. Names then stay ``<driver>/<pool>/<device>``
@@ -276,6 +278,7 @@ class PodResourcesClient:
                 self._fall_back(FALLBACK_NO_DYNAMIC_RESOURCES)
             return
         self._named.add(name)
+        self._wanted.pop(name, None)  # named by a List: no Get for it any more
         if self.fallback is not None:
             logger.info("the kubelet's PodResources API names devices again")
             self.fallback = None
