@@ -25,7 +25,7 @@ from tests.e2e import _dra
 from tests.e2e.conftest import DUPLICATE_ID_LINES
 
 KINDS = ("example", "shared-first-id")
-LISTS_OK = 'kubelet_dra_pod_resources_calls_total{method="List",code="OK"}'
+LISTS_OK = 'kubelet_dra_pod_resources_calls_total{code="OK",method="List"}'
 RECONNECTS = "kubelet_dra_pod_resources_reconnects_total"
 
 
