@@ -3,7 +3,8 @@
 Names are compared as the exposition format spells them: a counter with ``_total``, a
 histogram family bare or with ``_bucket``/``_count``/``_sum``, a gauge as it is. The
 families come from the real registry (``metrics.Metrics``) over a state with the taint
-bridge and the PodResources client on, so a renamed or removed metric, or a doc that drops ``_total``, fails here.
+bridge and the PodResources client on, so a renamed or removed metric, or a doc that
+drops ``_total``, fails here.
 """
 
 from __future__ import annotations
