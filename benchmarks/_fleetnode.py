@@ -145,6 +145,7 @@ class Node:
             plugins_registry=self.registry,
             state_dir=base / "state",
             health_timeout=3600,
+            pod_resources_socket=None,  # no kubelet on a simulated node
         )
         self.driver: Any = None
         self.manager: Any = None

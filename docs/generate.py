@@ -104,6 +104,8 @@ def flags_page() -> str:
         "| `-v`, `--verbose` | `0` | more logs: once for our DEBUG lines, twice for the "
         "client libraries' too |",
         "| `--log-format` | `text` | `text` or `json` |",
+        "| `--kubelet-root-dir`<br>`KUBELET_DRA_KUBELET_ROOT_DIR` | | deprecated and ignored "
+        "(earlier manifests set it): `run` names devices from `--pod-resources-socket` |",
         "",
         "## Tuning settings",
         "",

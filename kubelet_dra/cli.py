@@ -50,11 +50,11 @@ RUN_FLAGS: dict[str, tuple[str, str, str]] = {
         "where drivers' registration sockets appear",
     ),
     "--state-dir": ("state_dir", "KUBELET_DRA_STATE_DIR", "the persistent health cache"),
-    "--kubelet-root-dir": (
-        "kubelet_root_dir",
-        "KUBELET_DRA_KUBELET_ROOT_DIR",
-        "the kubelet's --root-dir, whose dra_manager_state names CDI device IDs "
-        "(default /var/lib/kubelet); empty disables",
+    "--pod-resources-socket": (
+        "pod_resources_socket",
+        "KUBELET_DRA_POD_RESOURCES_SOCKET",
+        "the kubelet's PodResources API, whose answers name devices by their CDI device IDs "
+        "(default /var/lib/kubelet/pod-resources/kubelet.sock); empty disables",
     ),
     "--kubelet-field-grace": (
         "kubelet_field_grace",
@@ -203,6 +203,14 @@ def _add_run_parser(commands: Any) -> None:
     run = commands.add_parser("run", help="run the sidecar next to DRA drivers")
     for flag, (_field, env, text) in RUN_FLAGS.items():
         run.add_argument(flag, default=None, choices=_CHOICES.get(flag), help=f"{text} [env {env}]")
+    # The earlier manifests' flag, kept so that they still start: accepted and ignored.
+    run.add_argument(
+        "--kubelet-root-dir",
+        dest="deprecated_kubelet_root_dir",
+        default=None,
+        help="deprecated and ignored: names come from --pod-resources-socket "
+        "[env KUBELET_DRA_KUBELET_ROOT_DIR]",
+    )
     _add_logging_flags(run, repeated=True)
     run.set_defaults(handler=_cmd_run)
 
@@ -229,6 +237,16 @@ def run_settings(ns: argparse.Namespace) -> settings_mod.Settings:
     if "kubeconfig" not in values and os.environ.get("KUBECONFIG") == "":
         # An empty KUBECONFIG means "unset" to kubectl; pydantic would read it as ".".
         values["kubeconfig"] = None
+    if getattr(ns, "deprecated_kubelet_root_dir", None) or os.environ.get(
+        "KUBELET_DRA_KUBELET_ROOT_DIR"
+    ):
+        # The earlier manifests' flag and variable: `run` no longer reads the kubelet's files.
+        logging.getLogger(__name__).warning(
+            "--kubelet-root-dir (KUBELET_DRA_KUBELET_ROOT_DIR) is ignored: run names devices "
+            "from the kubelet's PodResources API (--pod-resources-socket); the kubelet root "
+            "dir need not be mounted"
+        )
+    values["kubelet_root_dir"] = None
     try:
         return settings_mod.Settings(**values)
     except pydantic.ValidationError as exc:

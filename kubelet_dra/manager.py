@@ -42,8 +42,8 @@ from kubelet_dra import agentpods, errors, kube, metrics, models
 from kubelet_dra import clock as clock_mod
 from kubelet_dra import settings as settings_mod
 from kubelet_dra.plugin import getinfo, plugins, registration
-from kubelet_dra.state import healthinfo, kubeletcheckpoint, store
-from kubelet_dra.status import claims, podstatus
+from kubelet_dra.state import healthinfo, kubeletcheckpoint, podresources, store
+from kubelet_dra.status import claims, podjson, podstatus
 from kubelet_dra.taints import loop, planner
 
 logger = logging.getLogger(__name__)
@@ -113,8 +113,12 @@ class DRAHealthManager:
         self.pods: kube.NodePods | None = None
         self.taints: loop.TaintBridge | None = None
         """The taint bridge, when ``settings.taint_effect`` is not ``off`` (API mode only)."""
+        self.names: podresources.PodResourcesClient | None = None
+        """The kubelet's PodResources API, read for CDI device IDs (API mode, a socket set)."""
         self.checkpoint: kubeletcheckpoint.CheckpointWatcher | None = None
-        """The kubelet's DRA checkpoint, read for CDI device IDs (API mode, a root dir set)."""
+        """The kubelet's DRA checkpoint, read for CDI device IDs: a library option
+        (``settings.kubelet_root_dir``) for harnesses without a PodResources socket;
+        ``kubelet-dra-health run`` never sets it."""
         self._checkpoint_claims: frozenset[claims.ClaimKey] = frozenset()
         self.store_errors = 0
         self._expired_at_start = 0
@@ -276,16 +280,53 @@ class DRAHealthManager:
             config=self.settings,
             clock=self.clock,
             limiter=budget,
-            kubelet_beside=lambda: self.checkpoint is not None and self.checkpoint.present,
+            kubelet_beside=self._kubelet_beside,
         )
         self.pods = kube.NodePods(
             api=api, node_name=node, index=self.index, writer=self.writer, clock=self.clock,
-            page_size=self.settings.pod_list_page_size,
+            page_size=self.settings.pod_list_page_size, observer=self._pod_event,
         )  # fmt: skip
+        self._start_names()
         self._start_checkpoint()
         self._spawn(self._after_priming(self.writer.run()), "status-writer")
         self._spawn(self.pods.run(), "node-pods")
         self._start_taints(client, budget)
+
+    def _kubelet_beside(self) -> bool:
+        """A kubelet answers beside us: on its PodResources socket, or by its checkpoint."""
+        if self.names is not None and self.names.present:
+            return True
+        return self.checkpoint is not None and self.checkpoint.present
+
+    def _start_names(self) -> None:
+        """Learn the kubelet's CDI device IDs of the node's claims from its PodResources API."""
+        socket = self.settings.pod_resources_socket
+        if socket is None:
+            return
+        self.names = podresources.PodResourcesClient(
+            socket, apply=self._apply_names, settings=self.settings, clock=self.clock
+        )
+        self._spawn(self.names.run(), "pod-resources")
+
+    def _apply_names(self, key: claims.ClaimKey, names: claims.ClaimNames) -> None:
+        delta = self.index.set_claim_names(key.namespace, key.name, names)
+        if self.writer is not None and delta.pods:
+            self.writer.mark_dirty(delta.pods)
+
+    def _pod_event(self, pod: Mapping[str, Any], removed: bool) -> None:
+        """The API side indexed or forgot a pod: the names client asks the kubelet for it."""
+        if self.names is None:
+            return
+        namespace, name = podjson.namespace(pod), podjson.name(pod)
+        if removed:
+            self.names.pod_gone(namespace, name)
+            return
+        self.names.pod_seen(
+            namespace,
+            name,
+            has_claims=bool(podjson.resource_claims(pod)),
+            running=podjson.status(pod).get("phase") == "Running",
+        )
 
     def _start_checkpoint(self) -> None:
         """Poll the kubelet's DRA checkpoint for the CDI device IDs of prepared claims.
@@ -439,6 +480,7 @@ class DRAHealthManager:
             registration_failures=dict(self.watcher.attempt_failures) if self.watcher else {},
             registry_ignored=dict(self.watcher.ignored) if self.watcher else {},
             checkpoint_refused=dict(self.checkpoint.refused) if self.checkpoint else {},
+            **_names_metrics(self.names),
             devices=dict(devices),
             lease_expiries=self.plugins.lease_expiries + self._expired_at_start,
             pod_writes={**dict.fromkeys(POD_WRITE_RESULTS, 0), **(stats.results if stats else {})},
@@ -489,6 +531,9 @@ class DRAHealthManager:
     def readiness_notes(self) -> dict[str, str]:
         """What works differently than configured, for ``/readyz``; never a failed check."""
         notes: dict[str, str] = {}
+        note = self.names.note() if self.names is not None else None
+        if note is not None:
+            notes["names"] = note
         if self.writer is None:
             return notes
         if self.writer.stats.gate_off:
@@ -499,6 +544,20 @@ class DRAHealthManager:
         if self.writer.stats.kubelet_removes:
             notes["container_status"] = self.writer.kubelet.note()
         return notes
+
+
+def _names_metrics(names: podresources.PodResourcesClient | None) -> dict[str, Any]:
+    """The PodResources client as ``metrics.State`` fields; none when it is off."""
+    if names is None:
+        return {}
+    return {
+        "pod_resources_state": names.state.value,
+        "pod_resources_fallback": {
+            r: int(names.fallback == r) for r in podresources.FALLBACK_REASONS
+        },
+        "pod_resources_reconnects": names.reconnects,
+        "pod_resources_calls": dict(names.calls),
+    }
 
 
 def _taint_metrics(bridge: loop.TaintBridge | None) -> dict[str, Any]:

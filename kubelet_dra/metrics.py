@@ -78,6 +78,11 @@ class State:
     registration_failures: Mapping[str, int] = dataclasses.field(default_factory=dict)
     registry_ignored: Mapping[str, int] = dataclasses.field(default_factory=dict)
     checkpoint_refused: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    #: The kubelet's PodResources API client (``state.podresources``); None: not read.
+    pod_resources_state: str | None = None
+    pod_resources_fallback: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    pod_resources_reconnects: int = 0
+    pod_resources_calls: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     devices: Mapping[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     lease_expiries: int = 0
     pod_writes: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -144,6 +149,8 @@ class _Collector(registry.Collector):
         yield _loop_metrics(state)
         if state.taint_bridge is not None:
             yield from _taint_metrics(state)
+        if state.pod_resources_state is not None:
+            yield from _pod_resources_metrics(state)
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> core.GaugeMetricFamily:
@@ -310,6 +317,33 @@ def _store_metrics(state: State) -> Iterator[core.Metric]:
 
 
 TAINT_STATES = ("starting", "active", "off")
+POD_RESOURCES_STATES = ("connecting", "ready", "backoff", "stopped")
+
+
+def _pod_resources_metrics(state: State) -> Iterator[core.Metric]:
+    conn = _gauge(
+        "pod_resources_state", "1 for the state of the kubelet's PodResources API client.",
+        ["state"],
+    )  # fmt: skip
+    for candidate in POD_RESOURCES_STATES:
+        conn.add_metric([candidate], 1.0 if candidate == state.pod_resources_state else 0.0)
+    fallback = _by_reason(
+        _gauge("pod_resources_fallback",
+               "1 while devices are named <driver>/<pool>/<device> because the kubelet's "
+               "PodResources API gives no names, by reason.", ["reason"]),
+        state.pod_resources_fallback,
+    )  # fmt: skip
+    reconnects = _counter(
+        "pod_resources_reconnects", "Reconnects to the kubelet's PodResources API.", []
+    )
+    reconnects.add_metric([], state.pod_resources_reconnects)
+    calls = _counter(
+        "pod_resources_calls", "Calls to the kubelet's PodResources API by method and gRPC code.",
+        ["method", "code"],
+    )  # fmt: skip
+    for (method, code), count in sorted(state.pod_resources_calls.items()):
+        calls.add_metric([method, code], count)
+    yield from (conn, fallback, reconnects, calls)
 
 
 def _taint_metrics(state: State) -> Iterator[core.Metric]:

@@ -58,11 +58,16 @@ class Settings(pydantic_settings.BaseSettings):
     )
     plugins_registry: pathlib.Path = pathlib.Path("/var/lib/kubelet/plugins_registry")
     state_dir: pathlib.Path = pathlib.Path("/var/lib/kubelet-dra-health")
-    # The kubelet's --root-dir: its DRA checkpoint (dra_manager_state) names the
-    # CDI device IDs of prepared claims (kubeletcheckpoint). None or "": not read.
-    kubelet_root_dir: pathlib.Path | None = pathlib.Path("/var/lib/kubelet")
+    # The kubelet's PodResources API (state.podresources): the CDI device IDs the
+    # kubelet names devices by. None or "": not read (names are <driver>/<pool>/<device>).
+    pod_resources_socket: pathlib.Path | None = pathlib.Path(
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
+    # A library option for harnesses without that socket: the kubelet's --root-dir, whose
+    # DRA checkpoint dra_manager_state is polled (kubeletcheckpoint). `run` never sets it.
+    kubelet_root_dir: pathlib.Path | None = None
     kubelet_checkpoint_interval: float = pydantic.Field(default=2.0, gt=0)
-    # ``auto`` beside a kubelet (its checkpoint is there): how long a pod's first field
+    # ``auto`` beside a kubelet (its PodResources socket answers): how long a pod's first field
     # write waits for the kubelet's own entries. Two of its 10 s status reconciles.
     kubelet_field_grace: float = pydantic.Field(default=20.0, ge=0)
     # kubelet DefaultHealthTimeout; a device's positive health_check_timeout_seconds wins.
@@ -132,10 +137,10 @@ class Settings(pydantic_settings.BaseSettings):
             return None
         return value
 
-    @pydantic.field_validator("kubelet_root_dir", mode="before")
+    @pydantic.field_validator("kubelet_root_dir", "pod_resources_socket", mode="before")
     @classmethod
     def _no_dir(cls, value: object) -> object:
-        # An empty flag or environment variable turns the checkpoint off.
+        # An empty flag or environment variable turns the source off.
         if isinstance(value, str) and not value.strip():
             return None
         return value

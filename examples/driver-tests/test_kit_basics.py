@@ -17,6 +17,7 @@ def test_settings_are_rooted_in_the_socket_dir(kdra_settings, kdra_sockdir):
     assert kdra_settings.plugins_registry == kdra_sockdir / "reg"
     assert kdra_settings.state_dir.parent == kdra_sockdir
     assert kdra_settings.kubelet_root_dir is None
+    assert kdra_settings.pod_resources_socket is None
     assert kdra_settings.role is Role.OWNER
 
 

@@ -129,6 +129,7 @@ class Demo:
             state_dir=root / "state",
             # The demo's node has no kubelet: never read (or wait for) the host's.
             kubelet_root_dir=None,
+            pod_resources_socket=None,
             metrics_address="",
             registry_poll_interval=0.1,
             stream_backoff_initial=0.2,

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kubelet_dra import clock as clock_mod
@@ -62,9 +63,12 @@ class NodePods:
         backoff_max: float = 30.0,
         rng: random.Random | None = None,
         page_size: int = 10,
+        observer: Callable[[Obj, bool], None] | None = None,
     ) -> None:
         self.node = node_name
         self._page_size = page_size  # pods per LIST page; 0: the whole list at once
+        # Told of each pod indexed (False) or forgotten (True): the names client.
+        self._observer = observer or (lambda pod, removed: None)
         self.pods_synced = False
         self._api, self._index, self._writer, self._clock = api, index, writer, clock
         self._limiter = limiter
@@ -234,10 +238,13 @@ class NodePods:
         delta = self._index.set_pod(pod)
         self._writer.pod_updated(pod)
         self._claims_changed(delta)
+        self._observer(pod, False)
 
     def _remove(self, uid: str) -> None:
-        if self._pods.pop(uid, None) is None:
+        pod = self._pods.pop(uid, None)
+        if pod is None:
             return
+        self._observer(pod, True)
         delta = self._index.remove_pod(uid)
         self._writer.pod_deleted(uid)
         self._claims_changed(delta)

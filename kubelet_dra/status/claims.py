@@ -15,6 +15,11 @@ values, does no I/O and is fed in two ways:
    prepared claim wins over the API's view of the same claim, as the kubelet
    only knows the devices a driver returned.
 
+The sidecar adds the kubelet's names to API claims: the CDI device IDs the
+kubelet's PodResources API reports per device (:meth:`ClaimIndex.set_claim_names`,
+fed by ``state.podresources``) are laid over the API's devices, which keep
+their request names.
+
 Kubelet rules kept exactly:
 
 - a container's claim reference resolves to a ResourceClaim object name
@@ -171,6 +176,19 @@ class Delta:
             (self.claims_added | other.claims_added) - other.claims_removed,
             (self.claims_removed | other.claims_removed) - other.claims_added,
         )
+
+
+class NameKey(NamedTuple):
+    """A device of a claim as the kubelet's PodResources API names it."""
+
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None = None
+
+
+ClaimNames = Mapping[NameKey, tuple[str, ...]]
+"""A claim's devices -> their CDI device IDs, as the kubelet holds them."""
 
 
 class DeviceLookup(Protocol):
@@ -366,6 +384,7 @@ class ClaimIndex:
         self._claim_pods: dict[ClaimKey, set[str]] = {}
         self._api: dict[ClaimKey, Claim] = {}
         self._prepared: dict[ClaimKey, Claim] = {}
+        self._names: dict[ClaimKey, ClaimNames] = {}
         self._device_claims: dict[models.DeviceKey, set[ClaimKey]] = {}
 
     # -- pods --------------------------------------------------------------
@@ -405,8 +424,30 @@ class ClaimIndex:
         """A ResourceClaim from the API; the pods using it are in the delta."""
         claim = claim_from_api(obj)
         old = self._effective(claim.key)
-        self._api[claim.key] = claim
+        self._api[claim.key] = _named(claim, self._names.get(claim.key))
         return self._claim_changed(claim.key, old)
+
+    def set_claim_names(self, namespace: str, name: str, names: ClaimNames) -> Delta:
+        """The kubelet's CDI device IDs of a claim's devices (its PodResources API).
+
+        Laid over the API's view of the claim, now and whenever it is read again;
+        kept until no indexed pod references the claim any more. Empty ``names``
+        changes nothing: a kubelet that has not prepared the claim says nothing.
+        """
+        key = ClaimKey(namespace, name)
+        if not names or self._names.get(key) == names:
+            return Delta()
+        self._names[key] = dict(names)
+        api = self._api.get(key)
+        if api is None:
+            return Delta()
+        old = self._effective(key)
+        self._api[key] = _named(api, names)
+        return self._claim_changed(key, old)
+
+    def claim_names(self, namespace: str, name: str) -> ClaimNames | None:
+        """The kubelet's names of a claim's devices, if learned."""
+        return self._names.get(ClaimKey(namespace, name))
 
     def remove_claim(self, namespace: str, name: str) -> Delta:
         """Forget an API claim (a prepared claim of that name stays)."""
@@ -533,6 +574,7 @@ class ClaimIndex:
             "claims_referenced": len(self._claim_pods),
             "claims_api": len(self._api),
             "claims_prepared": len(self._prepared),
+            "claims_named": len(self._names),
             "devices": len(self._device_claims),
         }
 
@@ -592,6 +634,7 @@ class ClaimIndex:
             if not pods:
                 del self._claim_pods[key]
                 removed.add(key)
+                self._names.pop(key, None)
                 self._forget_api_claim(key)
         return frozenset(removed)
 
@@ -601,6 +644,25 @@ class ClaimIndex:
         old = self._effective(key)
         if self._api.pop(key, None) is not None:
             self._claim_changed(key, old)
+
+
+def _named(claim: Claim, names: ClaimNames | None) -> Claim:
+    """An API claim with the kubelet's CDI device IDs on its devices.
+
+    A device is matched by driver, pool, device and share ID, else by the first
+    three (a kubelet line before share IDs reports none); one the kubelet did not
+    name keeps ``<driver>/<pool>/<device>``.
+    """
+    if not names:
+        return claim
+    loose = {NameKey(k.driver, k.pool, k.device): ids for k, ids in names.items()}
+    devices = []
+    for d in claim.devices:
+        ids = names.get(NameKey(d.driver, d.pool, d.device, d.share_id))
+        if ids is None:
+            ids = loose.get(NameKey(d.driver, d.pool, d.device), ())
+        devices.append(dataclasses.replace(d, cdi_ids=ids))
+    return dataclasses.replace(claim, devices=own_resource_ids(devices))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -5,6 +5,9 @@ Public names (:data:`__all__`; the modules behind them are private):
 - :class:`FakeDriver`: registration socket, DRA service and a scriptable
   health service (v1, v1alpha1, both, none, or UNIMPLEMENTED) over real gRPC
   on unix sockets; also runnable as ``kubelet-dra-health fake-driver``;
+- :class:`FakePodResources` (:class:`PodResourcesDevice`): the kubelet's PodResources
+  API (``List``, ``Get``) over real gRPC on a unix socket, answering claims as the
+  kubelet does, with or without dynamic resources, or ``UNIMPLEMENTED``;
 - :class:`FakeDriverClient`: scripts such a subprocess through its JSON-lines
   control socket;
 - :class:`FakeApiServer`: a real HTTP server the official ``kubernetes``
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
     )
     from kubelet_dra.testing.fakedriver import FakeDriver
     from kubelet_dra.testing.fakedriver_control import FakeDriverClient
+    from kubelet_dra.testing.fakepodresources import FakePodResources, PodResourcesDevice
 
 # name -> module: the public names, imported on first use.
 _LAZY: dict[str, str] = {
@@ -59,8 +63,10 @@ _LAZY: dict[str, str] = {
     "FakeApiServer": "kubelet_dra.testing.fakeapi",
     "FakeDriver": "kubelet_dra.testing.fakedriver",
     "FakeDriverClient": "kubelet_dra.testing.fakedriver_control",
+    "FakePodResources": "kubelet_dra.testing.fakepodresources",
     "PodClaim": "kubelet_dra.testing.fakeapi",
     "PodDeviceHealth": "kubelet_dra.testing._podhealth",
+    "PodResourcesDevice": "kubelet_dra.testing.fakepodresources",
     "PodStore": "kubelet_dra.testing._kit",
     "eventually": "kubelet_dra.testing._eventually",
     "eventually_sync": "kubelet_dra.testing._eventually",
@@ -77,8 +83,10 @@ __all__ = [
     "FakeApiServer",
     "FakeDriver",
     "FakeDriverClient",
+    "FakePodResources",
     "PodClaim",
     "PodDeviceHealth",
+    "PodResourcesDevice",
     "PodStore",
     "eventually",
     "eventually_sync",

@@ -64,7 +64,8 @@ def make_settings(root: str | os.PathLike[str], **overrides: Any) -> Settings:
     """:class:`~kubelet_dra.Settings` for a test, every path under ``root``.
 
     ``plugins_registry`` is ``<root>/reg`` (created), ``state_dir`` ``<root>/state``; the
-    kubelet's root dir is not read (``kubelet_root_dir=None``), ``node_name`` is
+    kubelet's PodResources API and root dir are not read (``pod_resources_socket=None``,
+    ``kubelet_root_dir=None``: a :class:`FakePodResources` socket is an override), ``node_name`` is
     ``node-1`` and the registry is polled every 0.1 s. Every other field keeps its
     default, and none is read from the environment (a developer's ``KUBECONFIG`` or
     ``KUBELET_DRA_*`` does not reach a test). ``overrides`` are fields by name.
@@ -78,6 +79,7 @@ def make_settings(root: str | os.PathLike[str], **overrides: Any) -> Settings:
         plugins_registry=root / "reg",
         state_dir=root / "state",
         kubelet_root_dir=None,
+        pod_resources_socket=None,
         node_name="node-1",
         registry_poll_interval=0.1,
     )

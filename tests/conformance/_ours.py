@@ -278,6 +278,9 @@ def run_settings(node: str, state_dir: pathlib.Path) -> dict[str, Any]:
         "stream_backoff_max": _runner_reconnect(),
         "store_flush_interval": 0.1,
         "metrics_address": "",
+        # The twin's names come from its checkpoint (the library option), never from a
+        # PodResources socket of this machine.
+        "pod_resources_socket": None,
     }
 
 

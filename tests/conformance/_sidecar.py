@@ -14,8 +14,9 @@ what the sidecar learns next to a kubelet:
 - **claims** by GET from the API, as the scenario allocates and reserves
   them;
 - **the CDI device IDs** from the twin's own ``dra_manager_state``: the
-  kubelet DRA manager's checkpoint in the twin's state directory is the
-  ``--kubelet-root-dir`` file the sidecar reads on a node;
+  kubelet DRA manager's checkpoint in the twin's state directory, read
+  through the library option ``Settings.kubelet_root_dir`` (the twin serves
+  no PodResources API; on a node ``run`` asks the kubelet's socket);
 - **health** from its own streams on the same driver sockets (a third
   ``NodeWatchResources`` client), after the same registration events as our
   node agent (the twin's watcher handler, so no registry directory).

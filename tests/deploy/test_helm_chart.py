@@ -185,6 +185,20 @@ def test_default_rendering_equals_deploy(default: list[Obj]) -> None:
     _assert_equal_but_helm_labels(default, _without_taint_bridge(deploy_objects()))
 
 
+def test_default_rendering_mounts_no_kubelet_root_dir(default: list[Obj]) -> None:
+    """Issue 39: the pod-resources socket dir, never the kubelet's root dir or above."""
+    host = {v["hostPath"]["path"] for v in _pod_spec(default)["volumes"] if "hostPath" in v}
+    assert "/var/lib/kubelet/pod-resources" in host
+    assert not host & {"/", "/var", "/var/lib", "/var/lib/kubelet"}, host
+
+
+def test_no_pod_resources_dir_mounts_nothing_and_reads_nothing(helm_bin: Path) -> None:
+    objects = render(helm_bin, {"paths": {"podResources": None}})
+    names = {v["name"] for v in _pod_spec(objects)["volumes"]}
+    assert "pod-resources" not in names
+    assert _env(objects)["KUBELET_DRA_POD_RESOURCES_SOCKET"] == ""
+
+
 def test_taint_rendering_equals_deploy(helm_bin: Path) -> None:
     """With the bridge on, the permissions of deploy/ are all there; the DaemonSet differs
     from deploy/ only by the variable that turns the bridge on."""
@@ -325,7 +339,7 @@ K0S = {
     "pluginsRegistry": "/var/lib/k0s/kubelet/plugins_registry",
     "plugins": "/var/lib/k0s/kubelet/plugins",
     "state": "/var/lib/k0s/kubelet-dra-health",
-    "kubeletRoot": "/var/lib/k0s/kubelet",
+    "podResources": "/var/lib/k0s/kubelet/pod-resources",
 }
 
 
@@ -338,13 +352,14 @@ def _check_paths(objects: list[Obj]) -> None:
         "plugins": K0S["plugins"],
         "state": K0S["state"],
     }
-    assert host == {**expected, "kubelet-root": K0S["kubeletRoot"]}
+    expected["pod-resources"] = K0S["podResources"]
+    assert host == expected
     assert {k: mounts[k] for k in expected} == expected
-    assert mounts["kubelet-root"] == "/host" + K0S["kubeletRoot"]
     env = _env(objects)
     assert env["KUBELET_DRA_PLUGINS_REGISTRY"] == K0S["pluginsRegistry"]
     assert env["KUBELET_DRA_STATE_DIR"] == K0S["state"]
-    assert env["KUBELET_DRA_KUBELET_ROOT_DIR"] == "/host" + K0S["kubeletRoot"]
+    assert env["KUBELET_DRA_POD_RESOURCES_SOCKET"] == K0S["podResources"] + "/kubelet.sock"
+    assert "KUBELET_DRA_KUBELET_ROOT_DIR" not in env
 
 
 TAINT_RULE = {
@@ -722,7 +737,7 @@ def test_rendered_env_is_what_settings_read(
     assert settings.metrics_address == "10.1.2.3:9500"
     assert str(settings.plugins_registry) == K0S["pluginsRegistry"]
     assert str(settings.state_dir) == K0S["state"]
-    assert str(settings.kubelet_root_dir) == "/host" + K0S["kubeletRoot"]
+    assert str(settings.pod_resources_socket) == K0S["podResources"] + "/kubelet.sock"
 
 
 def test_rendered_env_names_are_sidecar_settings(helm_bin: Path) -> None:

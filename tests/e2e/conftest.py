@@ -237,8 +237,8 @@ class NodeSetup:
 
 
 def sidecar_flags(kubelet: _node.Kubelet) -> tuple[str, ...]:
-    """Flags that point the sidecar at this kubelet (its root dir: the DRA checkpoint)."""
-    return ("--kubelet-root-dir", str(kubelet.root))
+    """Flags that point the sidecar at this kubelet: the PodResources socket it serves."""
+    return ("--pod-resources-socket", str(kubelet.root / "pod-resources" / "kubelet.sock"))
 
 
 @pytest.fixture(params=e2e_lines(), ids=lambda line: f"kubelet-{line}")

@@ -160,7 +160,7 @@ async def test_the_image_runs_like_the_daemonset(image: str) -> None:
                            *_mounts(sockdir, kubeconfig, state), *_env(), image, "run",
                            "--node-name", NODE, "--kubeconfig", CONTAINER_KUBECONFIG,
                            "--plugins-registry", str(sockdir / "reg"),
-                           "--state-dir", CONTAINER_STATE, "--kubelet-root-dir", "",
+                           "--state-dir", CONTAINER_STATE, "--pod-resources-socket", "",
                            "--metrics-address", f"127.0.0.1:{port}")  # fmt: skip
             try:
                 await _check_running(name, api, driver, f"http://127.0.0.1:{port}")

@@ -56,6 +56,8 @@ def make_settings(
             "plugins_registry": sockdir / "reg",
             "state_dir": sockdir / "state",
             "kubelet_root_dir": sockdir / "kubelet",  # no kubelet checkpoint unless written
+            # No kubelet answers there unless a test serves a FakePodResources.
+            "pod_resources_socket": sockdir / "kubelet" / "pod-resources" / "kubelet.sock",
         }
     if api is not None:
         assert sockdir is not None, "the kubeconfig is written under sockdir"

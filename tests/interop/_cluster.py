@@ -231,7 +231,7 @@ class SidecarProcess:
             sys.executable, "-m", "kubelet_dra", "run", "--node-name", node,
             "--kubeconfig", str(kubeconfig), "--plugins-registry", str(registry),
             "--state-dir", str(state_dir), "--metrics-address", "127.0.0.1:0",
-            "--kubelet-root-dir", "", *flags,  # not the host's kubelet; a test's flag wins
+            "--pod-resources-socket", "", *flags,  # not the host's kubelet; a test's flag wins
         ]  # fmt: skip
         self.env = sidecar_env(**(env or {}))
         self.lines: list[str] = []

@@ -202,9 +202,10 @@ class Sidecar:
             sys.executable, "-m", "kubelet_dra", "run", "--node-name", NODE,
             "--kubeconfig", str(kubeconfig), "--plugins-registry", str(registry),
             "--state-dir", str(state_dir), "--metrics-address", f"127.0.0.1:{port}",
-            # Beside the real kubelet: its root dir (its DRA checkpoint), as a DaemonSet
-            # mounts it; else none, so that no kubelet on this machine is taken for ours.
-            "--kubelet-root-dir", str(kubelet_root or ""),
+            # Beside the real kubelet: its PodResources socket, as a DaemonSet mounts it;
+            # else none, so that no kubelet on this machine is taken for ours.
+            "--pod-resources-socket",
+            str(kubelet_root / "pod-resources" / "kubelet.sock") if kubelet_root else "",
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
         self.lives = 0

@@ -146,7 +146,8 @@ def test_the_last_pod_of_an_api_claim_takes_its_devices_out_of_the_index() -> No
     index.set_claim(b.claim("c1", ("gpu", DRV, "pool", "dev")))
     index.remove_pod("p1")
     assert index.stats() == {
-        "pods": 0, "claims_referenced": 0, "claims_api": 0, "claims_prepared": 0, "devices": 0,
+        "pods": 0, "claims_referenced": 0, "claims_api": 0, "claims_prepared": 0,
+        "claims_named": 0, "devices": 0,
     }  # fmt: skip
 
 
@@ -163,7 +164,8 @@ def test_the_index_says_what_it_holds() -> None:
     assert pod is not None and pod.refs == {"gpu": K("default", "c1")}
     assert index.pod_uids() == {"p1", "p2"}
     assert index.stats() == {
-        "pods": 2, "claims_referenced": 2, "claims_api": 1, "claims_prepared": 1, "devices": 1,
+        "pods": 2, "claims_referenced": 2, "claims_api": 1, "claims_prepared": 1,
+        "claims_named": 0, "devices": 1,
     }  # fmt: skip
 
 

@@ -46,13 +46,13 @@ CASES = [
         pathlib.Path("/flag/state"),
         pathlib.Path("/env/state"),
     ),
-    # Issue 19: the kubelet's DRA checkpoint (CDI device IDs); empty turns it off.
+    # Issue 39: the kubelet's PodResources API (CDI device IDs); empty turns it off.
     (
-        "--kubelet-root-dir",
-        "/srv/kubelet",
+        "--pod-resources-socket",
+        "/srv/kubelet/pod-resources/kubelet.sock",
         "",
-        "kubelet_root_dir",
-        pathlib.Path("/srv/kubelet"),
+        "pod_resources_socket",
+        pathlib.Path("/srv/kubelet/pod-resources/kubelet.sock"),
         None,
     ),
     ("--kubelet-field-grace", "0", "5", "kubelet_field_grace", 0.0, 5.0),
@@ -101,7 +101,7 @@ DEFAULTS = {
     "kubeconfig": None,
     "plugins_registry": pathlib.Path("/var/lib/kubelet/plugins_registry"),
     "state_dir": pathlib.Path("/var/lib/kubelet-dra-health"),
-    "kubelet_root_dir": pathlib.Path("/var/lib/kubelet"),
+    "pod_resources_socket": pathlib.Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
     "kubelet_field_grace": 20.0,
     "health_timeout": 30.0,
     "container_status": settings.ContainerStatusMode.AUTO,
@@ -144,6 +144,28 @@ def env_of(flag: str) -> str:
 
 def test_every_flag_of_the_contract_is_defined() -> None:
     assert [c[0] for c in CASES] == list(cli.RUN_FLAGS)
+
+
+def test_run_never_reads_the_kubelets_checkpoint(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The earlier manifests' root dir variable is ignored, and says so."""
+    assert "--kubelet-root-dir" not in cli.RUN_FLAGS
+    monkeypatch.setenv("KUBELET_DRA_KUBELET_ROOT_DIR", "/host/var/lib/kubelet")
+    with caplog.at_level(logging.WARNING):
+        parsed = parse()
+    assert parsed.kubelet_root_dir is None
+    assert "(KUBELET_DRA_KUBELET_ROOT_DIR) is ignored" in caplog.text
+
+
+def test_the_earlier_manifests_root_dir_flag_still_starts_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``--kubelet-root-dir`` is a contract of the earlier manifests: accepted, ignored, said."""
+    with caplog.at_level(logging.WARNING):
+        parsed = parse("--kubelet-root-dir", "/host/var/lib/kubelet")
+    assert parsed.kubelet_root_dir is None
+    assert "--kubelet-root-dir (KUBELET_DRA_KUBELET_ROOT_DIR) is ignored" in caplog.text
 
 
 def test_defaults_without_flags_or_environment() -> None:

@@ -39,7 +39,7 @@ FLAG_ENV: dict[str, str] = {
     "KUBECONFIG": "kubeconfig",
     "KUBELET_DRA_PLUGINS_REGISTRY": "plugins_registry",
     "KUBELET_DRA_STATE_DIR": "state_dir",
-    "KUBELET_DRA_KUBELET_ROOT_DIR": "kubelet_root_dir",
+    "KUBELET_DRA_POD_RESOURCES_SOCKET": "pod_resources_socket",
     "KUBELET_DRA_HEALTH_TIMEOUT": "health_timeout",
     "KUBELET_DRA_CONTAINER_STATUS": "container_status",
     "KUBELET_DRA_POD_CONDITION_TYPE": "pod_condition_type",
@@ -319,15 +319,18 @@ def test_host_paths(pod_spec: Obj, container: Obj, env: dict[str, Obj]) -> None:
         "/var/lib/kubelet/plugins_registry",
         "/var/lib/kubelet/plugins",
         "/var/lib/kubelet-dra-health",
-        "/var/lib/kubelet",
+        "/var/lib/kubelet/pod-resources",
     }
+    # Issue 39: nothing above the socket directories and our state dir, and never the
+    # kubelet's root dir itself (its pods' volumes, its checkpoints, its pki/).
+    assert "/var/lib/kubelet" not in host and "/" not in host and "/var/lib" not in host
     expect = {
         "/var/lib/kubelet/plugins_registry": ("Directory", True, ""),
         "/var/lib/kubelet/plugins": ("Directory", True, ""),
         "/var/lib/kubelet-dra-health": ("DirectoryOrCreate", False, ""),
-        # The kubelet's DRA checkpoint: the directory (the kubelet renames a new file
-        # over the old), read-only, under /host so it shadows none of the paths above.
-        "/var/lib/kubelet": ("Directory", True, "/host/var/lib/kubelet"),
+        # The kubelet's PodResources socket: the directory (the kubelet re-creates the
+        # socket at each start), read-only.
+        "/var/lib/kubelet/pod-resources": ("Directory", True, ""),
     }
     for path, (kind, read_only, inside) in expect.items():
         volume = host[path]
@@ -343,7 +346,10 @@ def test_host_paths(pod_spec: Obj, container: Obj, env: dict[str, Obj]) -> None:
         assert "mountPropagation" not in mount, path
     assert env["KUBELET_DRA_PLUGINS_REGISTRY"]["value"] == "/var/lib/kubelet/plugins_registry"
     assert env["KUBELET_DRA_STATE_DIR"]["value"] == "/var/lib/kubelet-dra-health"
-    assert env["KUBELET_DRA_KUBELET_ROOT_DIR"]["value"] == "/host/var/lib/kubelet"
+    assert env["KUBELET_DRA_POD_RESOURCES_SOCKET"]["value"] == (
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
+    assert "KUBELET_DRA_KUBELET_ROOT_DIR" not in env
     # Every other volume is scratch space, never a host path.
     for volume in volumes.values():
         assert set(volume) - {"name"} <= {"hostPath", "emptyDir"}, volume["name"]

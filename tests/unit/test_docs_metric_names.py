@@ -3,7 +3,8 @@
 Names are compared as the exposition format spells them: a counter with ``_total``, a
 histogram family bare or with ``_bucket``/``_count``/``_sum``, a gauge as it is. The
 families come from the real registry (``metrics.Metrics``) over a state with the taint
-bridge on, so a renamed or removed metric, or a doc that drops ``_total``, fails here.
+bridge and the PodResources client on, so a renamed or removed metric, or a doc that
+drops ``_total``, fails here.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _SUFFIXES = {"counter": ("_total",), "histogram": ("", "_bucket", "_count", "_su
 
 
 def exposed() -> frozenset[str]:
-    state = metrics.State(taint_bridge="active", patch_connections=0)
+    state = metrics.State(taint_bridge="active", patch_connections=0, pod_resources_state="ready")
     families = [
         *metrics.Metrics(lambda: state).registry.collect(),
         *_server_families(),

@@ -20,6 +20,7 @@ from kubelet_dra._proto.dra.v1beta1 import api_pb2 as dra_v1beta1
 from kubelet_dra._proto.dra_health.v1 import api_pb2 as health_v1
 from kubelet_dra._proto.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
 from kubelet_dra._proto.pluginregistration.v1 import api_pb2 as reg
+from kubelet_dra._proto.podresources.v1 import api_pb2 as podres
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -59,8 +60,16 @@ def method_paths(module: ModuleType) -> set[str]:
         ),
         (health_v1, {"/v1.DRAResourceHealth/NodeWatchResources"}),
         (health_v1alpha1, {"/v1alpha1.DRAResourceHealth/NodeWatchResources"}),
+        (
+            podres,
+            {
+                "/v1.PodResourcesLister/List",
+                "/v1.PodResourcesLister/GetAllocatableResources",
+                "/v1.PodResourcesLister/Get",
+            },
+        ),
     ],
-    ids=["pluginregistration", "dra-v1", "dra-v1beta1", "health-v1", "health-v1alpha1"],
+    ids=["pluginregistration", "dra-v1", "dra-v1beta1", "health-v1", "health-v1alpha1", "podres"],
 )
 def test_full_method_paths_match_upstream(module: ModuleType, paths: set[str]) -> None:
     assert method_paths(module) == paths
@@ -186,8 +195,55 @@ def test_dra_field_numbers(module: ModuleType, package: str, message: str) -> No
     assert got == DRA_FIELDS[message]
 
 
+PODRES_FIELDS = {
+    "ListPodResourcesResponse": {"pod_resources": (1, D.TYPE_MESSAGE, "PodResources")},
+    "PodResources": {
+        "name": (1, D.TYPE_STRING, ""),
+        "namespace": (2, D.TYPE_STRING, ""),
+        "containers": (3, D.TYPE_MESSAGE, "ContainerResources"),
+        "cpu_ids": (4, D.TYPE_INT64, ""),
+        "memory": (5, D.TYPE_MESSAGE, "ContainerMemory"),
+    },
+    "ContainerResources": {
+        "name": (1, D.TYPE_STRING, ""),
+        "devices": (2, D.TYPE_MESSAGE, "ContainerDevices"),
+        "cpu_ids": (3, D.TYPE_INT64, ""),
+        "memory": (4, D.TYPE_MESSAGE, "ContainerMemory"),
+        "dynamic_resources": (5, D.TYPE_MESSAGE, "DynamicResource"),
+    },
+    "DynamicResource": {
+        "claim_name": (2, D.TYPE_STRING, ""),
+        "claim_namespace": (3, D.TYPE_STRING, ""),
+        "claim_resources": (4, D.TYPE_MESSAGE, "ClaimResource"),
+    },
+    "ClaimResource": {
+        "cdi_devices": (1, D.TYPE_MESSAGE, "CDIDevice"),
+        "driver_name": (2, D.TYPE_STRING, ""),
+        "pool_name": (3, D.TYPE_STRING, ""),
+        "device_name": (4, D.TYPE_STRING, ""),
+        "share_id": (5, D.TYPE_STRING, ""),
+    },
+    "CDIDevice": {"name": (1, D.TYPE_STRING, "")},
+    "GetPodResourcesRequest": {
+        "pod_name": (1, D.TYPE_STRING, ""),
+        "pod_namespace": (2, D.TYPE_STRING, ""),
+    },
+    "GetPodResourcesResponse": {"pod_resources": (1, D.TYPE_MESSAGE, "PodResources")},
+}
+
+
+@pytest.mark.parametrize("message", sorted(PODRES_FIELDS))
+def test_podresources_field_numbers(message: str) -> None:
+    """The fields the sidecar reads, as k8s.io/kubelet v0.37.2 numbers them."""
+    assert podres.DESCRIPTOR.package == "v1"
+    assert fields(podres.DESCRIPTOR.message_types_by_name[message]) == PODRES_FIELDS[message]
+    share = podres.DESCRIPTOR.message_types_by_name["ClaimResource"].fields_by_name["share_id"]
+    assert share.has_presence  # proto3 `optional`
+
+
 def test_descriptor_file_names_do_not_collide() -> None:
-    names = [m.DESCRIPTOR.name for m in (reg, dra_v1, dra_v1beta1, health_v1, health_v1alpha1)]
+    modules = (reg, dra_v1, dra_v1beta1, health_v1, health_v1alpha1, podres)
+    names = [m.DESCRIPTOR.name for m in modules]
     assert len(set(names)) == len(names)
 
 

@@ -77,6 +77,7 @@ def test_make_settings_roots_every_path_and_ignores_the_environment(
     assert settings.plugins_registry == tmp_path / "reg" and settings.plugins_registry.is_dir()
     assert settings.state_dir == tmp_path / "state"
     assert settings.kubelet_root_dir is None and settings.kubeconfig is None
+    assert settings.pod_resources_socket is None  # never the host kubelet's socket
     assert (settings.node_name, settings.health_timeout, settings.role) == (
         "node-1",
         30.0,

@@ -60,7 +60,7 @@ app.kubernetes.io/name: {{ include "kdh.name" . }}
 {{- end }}
 {{- end }}
 
-{{/* Where the kubelet's root dir is mounted in the container ("" when not mounted). */}}
-{{- define "kdh.kubeletRootMount" -}}
-{{- if .Values.paths.kubeletRoot }}{{ printf "/host%s" .Values.paths.kubeletRoot }}{{ end -}}
+{{/* The kubelet's PodResources socket in the container ("" when not mounted). */}}
+{{- define "kdh.podResourcesSocket" -}}
+{{- if .Values.paths.podResources }}{{ printf "%s/kubelet.sock" (trimSuffix "/" .Values.paths.podResources) }}{{ end -}}
 {{- end }}
