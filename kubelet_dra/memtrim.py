@@ -1,38 +1,10 @@
 """Free reference cycles and give freed heap back to the OS, every minute or so.
 
-A full garbage collection, then glibc's ``malloc_trim``.
-
-No kubelet file mirrors this: Go's runtime returns idle heap spans to the OS itself
-(the scavenger). CPython on glibc does not: a relist, a burst of reports or a new gRPC
-channel allocates short-lived C and Python buffers, and once freed their pages may stay
-in glibc's heap, fragmented between live blocks. ``malloc_trim(0)`` hands every whole
-free page inside the heap back (``madvise(MADV_DONTNEED)``). It was written for the
-soak's RSS steps (0.6-1.8 MB at driver restarts and relists, flat between them, with the
-traced Python memory flat); the hour re-run with it (``docs/reliability.md``, 2026-12-04)
-still showed them, so those steps are not free heap. ``docs/memory.md`` (``python -m
-benchmarks.rssprobe``) measured each event in isolation: a driver restart keeps about
-2 KB of malloc'd memory, a kube-apiserver restart about 10 KB, a flood none, while the
-free heap glibc keeps (``fordblks``) swings by up to 2 MB around a burst and shrinks
-again. The trim stays as a cheap bound on that free heap, nothing more.
-
-:class:`Trimmer` calls it every ``interval`` seconds on a worker thread (it takes glibc's
-arena locks for a few milliseconds; the event loop keeps turning) and counts the calls
-and the bytes of RSS each gave back, for ``/metrics``. Before each call it runs a full
-garbage collection on the event loop (about 15 ms): a failed connection leaves its
-objects in a reference cycle (the exception's traceback holds the frames that hold the
-connection, whose stream holds the exception), and once a cycle holds an object old
-enough to live in the oldest generation only a full collection frees it, which CPython
-runs when the objects promoted since the last one reach a quarter of those already
-there, which in a steady sidecar may take hours. That is what the soak's step at a
-kube-apiserver restart was (``docs/memory.md``; ``benchmarks.rssprobe`` collects before
-each sample, which is why it measured those restarts as about 10 KB). Not glibc (musl,
-macOS): it only collects. ``interval`` 0: it does neither. Time is injected (``clock``).
-
-Its collector also exports glibc's own account of the heap at each scrape
-(``mallinfo2()``, glibc 2.33 and later; nothing where it is absent): the bytes malloc
-has handed out and not had back (``uordblks`` + ``hblkhd``) and the free bytes it keeps
-in its heaps (``fordblks``). An RSS that steps up with the second flat is memory in use;
-with the first flat, it is free heap (``docs/memory.md``).
+No kubelet file mirrors this: Go's runtime returns idle heap spans to the OS itself (the
+scavenger); CPython on glibc does not. :class:`Trimmer` runs a full garbage collection and
+then glibc's ``malloc_trim`` every ``interval`` seconds, and exports the counts and glibc's
+own account of its heap. :func:`cap_arenas` and :func:`fix_trim_threshold` set glibc's
+arena cap and trim threshold at start. Why each: ``docs/decisions/malloc-settings.md``.
 """
 
 from __future__ import annotations
@@ -190,7 +162,28 @@ def glibc_mallinfo() -> MallocState | None:
 
 
 class Trimmer:
-    """Every ``interval`` seconds: a full garbage collection, then ``trim``; counts both."""
+    """Every ``interval`` seconds: a full garbage collection, then ``trim``; counts both.
+
+    A relist, a burst of reports or a new gRPC channel allocates short-lived C and Python
+    buffers; once freed, their pages may stay in glibc's heap, fragmented between live blocks.
+    ``malloc_trim(0)`` hands every whole free page inside the heap back
+    (``madvise(MADV_DONTNEED)``): a cheap bound on the free heap, nothing more.
+
+    The trim runs on a worker thread (it takes glibc's arena locks for a few milliseconds; the
+    event loop keeps turning). Before it, a full garbage collection runs on the event loop
+    (about 15 ms): a failed connection leaves its objects in a reference cycle (the exception's
+    traceback holds the frames that hold the connection, whose stream holds the exception), and
+    once a cycle holds an object old enough to live in the oldest generation only a full
+    collection frees it, which CPython runs only when the objects promoted since the last one
+    reach a quarter of those already there: in a steady sidecar, hours. Not glibc (musl,
+    macOS): it only collects. ``interval`` 0: it does neither. Time is injected (``clock``).
+
+    The collector exports glibc's account of the heap at each scrape (``mallinfo2()``, glibc
+    2.33 and later; nothing where it is absent): the bytes malloc has handed out and not had
+    back (``uordblks`` + ``hblkhd``) and the free bytes it keeps in its heaps (``fordblks``).
+    An RSS that steps up with the second flat is memory in use; with the first flat, it is free
+    heap.
+    """
 
     def __init__(
         self,

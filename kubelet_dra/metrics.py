@@ -1,32 +1,10 @@
 """Prometheus metrics and the ``/metrics``, ``/healthz``, ``/readyz`` server.
 
-The kubelet exports nothing about DRA health (landscape section 1.1); this is
-what an operator needs to see the pipeline itself: stream states, reconnects,
-refused input, devices by health, lease expiries, pod writes by result,
-pending pods, latencies and the age of each driver's last report.
-
-Components do not import prometheus. They keep plain counters; the manager
-turns them into a :class:`State` on the event loop (so nothing is read while
-the loop mutates it) and this module renders it at scrape time. Latencies are
-observed directly into the two histograms (:class:`Metrics`), which are
-thread-safe.
-
-The HTTP server runs in a thread so that a stalled event loop can still be
-reported: ``/healthz`` fails when the loop's heartbeat is older than
-``stall_after`` seconds; ``/readyz`` answers 200 only when every readiness
-check passes and lists each check either way, with ``notes`` on what works
-but differently than configured (they never fail readiness).
-
-The port is a neighbour's to reach, so the server bounds what a client can
-hold (a hostile neighbour must not starve the probes): a connection that sends nothing
-within ``idle_timeout`` seconds is closed, and so is one whose next read of the request line
-or headers waits longer than that; until its first bytes a connection waits on one shared
-thread (:mod:`kubelet_dra.waitroom`), then gets a thread of its own; at most
-``max_connections`` are open at once and a connection over that is closed at
-once; a request line over 64 KiB (414), a header line over 64 KiB or more than
-100 headers (431) are refused by ``http.server``.
-Each is counted in ``kubelet_dra_metrics_server_refused_total{reason}`` and
-logged (the first of each reason, then at most once a minute with the count).
+The kubelet exports nothing about DRA health; this is what an operator needs to see the
+pipeline itself. Components do not import prometheus: they keep plain counters, the manager
+turns them into a :class:`State` on the event loop, and :class:`Metrics` renders it at
+scrape time. :class:`Server` serves the three paths from a thread, so a stalled event loop
+can still be reported, and bounds what a client can hold (its docstring says how).
 """
 
 from __future__ import annotations
@@ -378,6 +356,23 @@ class Server:
     ``state`` and ``readiness`` are evaluated on ``loop`` (the pipeline's
     event loop) so that they read consistent data; a loop that does not
     answer within ``stall_after`` seconds makes ``/healthz`` fail.
+
+    The HTTP server runs in a thread so that a stalled event loop can still be
+    reported: ``/healthz`` fails when the loop's heartbeat is older than
+    ``stall_after`` seconds; ``/readyz`` answers 200 only when every readiness
+    check passes and lists each check either way, with ``notes`` on what works
+    but differently than configured (they never fail readiness).
+
+    The port is a neighbour's to reach, so the server bounds what a client can
+    hold (a hostile neighbour must not starve the probes): a connection that sends nothing
+    within ``idle_timeout`` seconds is closed, and so is one whose next read of the request line
+    or headers waits longer than that; until its first bytes a connection waits on one shared
+    thread (:mod:`kubelet_dra.waitroom`), then gets a thread of its own; at most
+    ``max_connections`` are open at once and a connection over that is closed at
+    once; a request line over 64 KiB (414), a header line over 64 KiB or more than
+    100 headers (431) are refused by ``http.server``.
+    Each is counted in ``kubelet_dra_metrics_server_refused_total{reason}`` and
+    logged (the first of each reason, then at most once a minute with the count).
     """
 
     def __init__(

@@ -1,41 +1,11 @@
 """Status PATCHes on the event loop: a keep-alive HTTP/1.1 client, h11 over asyncio streams.
 
-Part of ``kube``. Kubelet counterpart: client-go's HTTP transport, which the
-kubelet's status manager sends its patches through without leaving its
-goroutine. Here every other request still goes through the official client
-in a worker thread (``kube.api``); the pod status PATCH alone, the request on
-the report -> PATCH path, is sent from the event loop (profiled: the hop into
-a worker thread, ``param_serialize``'s body walk and urllib3 cost more than
-the server's own work on the stand-in, and a thread fights the gRPC poller
-for the GIL).
-
-Everything that decides *how* to reach the server is taken from the official
-client's ``Configuration``: the host URL (a path prefix included), TLS (CA
-file or data, client certificate and key, ``verify_ssl``, ``assert_hostname``,
-``tls_server_name``), and the request headers with authentication from
-``ApiClient.param_serialize`` (default headers, ``User-Agent``, the bearer
-token and its refresh hook). Those headers are computed in a worker thread
-(a refresh hook may run an exec plugin or read a token file) and reused for
-:data:`AUTH_TTL` seconds; a 401 fetches them again and retries once. A
-proxy, or socket options the client was told to use, make
-:meth:`Transport.from_client` return ``None``: the caller keeps the urllib3
-path, which knows them.
-
-The wire protocol is h11's (the sans-IO HTTP/1.1 state machine under httpx):
-it frames the request, parses the answer (``Content-Length``, chunked or
-until close; interim 1xx answers skipped) and says whether the connection
-can carry the next request; this module only moves bytes and keeps the pool.
-TLS is ``ssl.SSLObject`` on memory BIOs over a plain asyncio connection
-(:class:`_Tls`), the handshake checked by the context built from the
-client's settings; not asyncio's SSL transport, whose 256 KiB read buffer
-per connection made each pooled connection cost 293 KB of RSS instead of 54
-(``python -m benchmarks.rssprobe tls-hold-asyncio`` / ``tls-hold-patch``).
-Heads are capped at :data:`MAX_HEADER_BYTES` and bodies at
-:data:`MAX_BODY_BYTES` (:class:`BodyTooLarge`). ``Accept-Encoding`` is not
-sent, so bodies come unencoded. :func:`endpoint_of` is the one place that
-reads the connection and TLS settings from the client's ``Configuration``.
-A response is an :class:`Answer`; turning a status into an error is the
-caller's (``kube.api``), so both paths raise the same ``CallError``/``PodGone``.
+Part of ``kube``. Kubelet counterpart: client-go's HTTP transport, which the kubelet's
+status manager sends its patches through without leaving its goroutine. Every other
+request still goes through the official client in a worker thread (``kube.api``); the pod
+status PATCH alone, the request on the report -> PATCH path, is sent from the event loop:
+the hop into a worker thread and urllib3 cost more than the server's own work, and a thread
+fights the gRPC poller for the GIL. :class:`Transport` says how it reaches the server.
 """
 
 from __future__ import annotations
@@ -297,6 +267,34 @@ class Transport:
 
     Use from one event loop; :meth:`aclose` closes the idle connections (a
     later request opens new ones).
+
+    Everything that decides *how* to reach the server is taken from the official
+    client's ``Configuration``: the host URL (a path prefix included), TLS (CA
+    file or data, client certificate and key, ``verify_ssl``, ``assert_hostname``,
+    ``tls_server_name``), and the request headers with authentication from
+    ``ApiClient.param_serialize`` (default headers, ``User-Agent``, the bearer
+    token and its refresh hook). Those headers are computed in a worker thread
+    (a refresh hook may run an exec plugin or read a token file) and reused for
+    :data:`AUTH_TTL` seconds; a 401 fetches them again and retries once. A
+    proxy, or socket options the client was told to use, make
+    :meth:`Transport.from_client` return ``None``: the caller keeps the urllib3
+    path, which knows them.
+
+    The wire protocol is h11's (the sans-IO HTTP/1.1 state machine under httpx):
+    it frames the request, parses the answer (``Content-Length``, chunked or
+    until close; interim 1xx answers skipped) and says whether the connection
+    can carry the next request; this module only moves bytes and keeps the pool.
+    TLS is ``ssl.SSLObject`` on memory BIOs over a plain asyncio connection
+    (:class:`_Tls`), the handshake checked by the context built from the
+    client's settings; not asyncio's SSL transport, whose 256 KiB read buffer
+    per connection made each pooled connection cost 293 KB of RSS instead of 54
+    (``python -m benchmarks.rssprobe tls-hold-asyncio`` / ``tls-hold-patch``).
+    Heads are capped at :data:`MAX_HEADER_BYTES` and bodies at
+    :data:`MAX_BODY_BYTES` (:class:`BodyTooLarge`). ``Accept-Encoding`` is not
+    sent, so bodies come unencoded. :func:`endpoint_of` is the one place that
+    reads the connection and TLS settings from the client's ``Configuration``.
+    A response is an :class:`Answer`; turning a status into an error is the
+    caller's (``kube.api``), so both paths raise the same ``CallError``/``PodGone``.
     """
 
     def __init__(

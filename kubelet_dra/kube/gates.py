@@ -1,28 +1,10 @@
 """What the API server and the kubelet keep of our writes, learned from pods.
 
-Part of ``kube``. No kubelet counterpart: the kubelet is built with the API
-server's feature gates known; a sidecar talks to whatever server it finds,
-next to a kubelet whose gates it cannot read.
-
-- ``ResourceHealthStatus`` off: the server drops
-  ``allocatedResourcesStatus`` from the containers we sent it for. Logged
-  once, one Event on the node, and the field is not sent any more (only the
-  condition and events remain).
-- ``ResourceHealthStatusMessage`` off: the server drops the ``message`` of
-  each resource; we stop sending messages.
-- Health entries of init containers (sidecars) refused with a 422 whose
-  ``test`` operations all held: validation there is not verified upstream, so
-  we stop sending them.
-
-:class:`KubeletGate` is the kubelet's side: a kubelet whose own
-``ResourceHealthStatus`` gate is off removes the field at its next status
-reconcile (its status manager patches the whole atomic ``containerStatuses``
-list, ``pkg/kubelet/status/status_manager.go`` and ``pkg/util/pod/pod.go``).
-The gate is the kubelet's, so the finding holds for the whole node. It is said
-once: a log line, the ``kubelet_removes_field`` gauge, a ``/readyz`` note and
-a Node Event with reason :data:`KUBELET_REMOVES_REASON`. With
-``--container-status on`` a kubelet rewriting the field with entries of its own
-is counted too (``field_rewrites``) and said once in the log.
+Part of ``kube``. No kubelet counterpart: the kubelet is built with the API server's
+feature gates known; a sidecar talks to whatever server it finds, next to a kubelet whose
+gates it cannot read. :class:`ServerGates` is the server's side (``ResourceHealthStatus``,
+``ResourceHealthStatusMessage``, init-container entries); :class:`KubeletGate` the
+kubelet's, which removes or rewrites the field we write.
 """
 
 from __future__ import annotations
@@ -44,7 +26,18 @@ KUBELET_REMOVES_REASON = "KubeletRemovesResourceHealth"
 
 
 class ServerGates:
-    """The gates and refusals seen so far; each is detected once and stays."""
+    """The gates and refusals seen so far; each is detected once and stays.
+
+    - ``ResourceHealthStatus`` off: the server drops
+      ``allocatedResourcesStatus`` from the containers we sent it for. Logged
+      once, one Event on the node, and the field is not sent any more (only the
+      condition and events remain).
+    - ``ResourceHealthStatusMessage`` off: the server drops the ``message`` of
+      each resource; we stop sending messages.
+    - Health entries of init containers (sidecars) refused with a 422 whose
+      ``test`` operations all held: validation there is not verified upstream, so
+      we stop sending them.
+    """
 
     def __init__(self, *, node: str, events: kube_events.EventRecorder) -> None:
         self.node = node
@@ -102,7 +95,16 @@ def _has_message(entries: Iterable[Obj] | None) -> bool:
 
 
 class KubeletGate:
-    """Whether the node's kubelet removes the field we write; found once, for the node."""
+    """Whether the node's kubelet removes the field we write; found once, for the node.
+
+    A kubelet whose own ``ResourceHealthStatus`` gate is off removes the field at its next
+    status reconcile (its status manager patches the whole atomic ``containerStatuses`` list,
+    ``pkg/kubelet/status/status_manager.go`` and ``pkg/util/pod/pod.go``). The gate is the
+    kubelet's, so the finding holds for the whole node. It is said once: a log line, the
+    ``kubelet_removes_field`` gauge, a ``/readyz`` note and a Node Event with reason
+    :data:`KUBELET_REMOVES_REASON`. With ``--container-status on`` a kubelet rewriting the field
+    with entries of its own is counted too (``field_rewrites``) and said once in the log.
+    """
 
     def __init__(
         self,

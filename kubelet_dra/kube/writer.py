@@ -1,66 +1,11 @@
 """The pod status writer: coalesced, rate-limited, conflict-safe, never losing the last state.
 
-Part of ``kube``. Counterpart of the kubelet's status manager and
-``pkg/util/pod`` ``PatchPodStatus``, and no request when nothing changed.
-
-How a write is made (planned by ``kube.patchplan``, per-pod state in ``kube.podstate``):
-
-- a JSON patch of ``pods/<name>/status`` that sets only
-  ``allocatedResourcesStatus`` of each changed container status and our
-  condition, with ``test`` operations on what it assumes (the pod UID, the
-  container's name at its index, the entries it replaces, the condition's
-  type at its index). The kubelet sends the whole atomic ``containerStatuses``
-  list; we do not, so a kubelet changing other fields meanwhile is no
-  conflict. A failed test (422) or a 409 means someone else wrote first:
-  re-read, re-plan, send again. A re-read that finds another UID under the
-  name (the pod was deleted and created again) gives the old pod up.
-- Retries (tenacity, on the injected clock): 5xx, 429 (``Retry-After`` wins
-  over the backoff) and lost connections. A pod is given up only when it is
-  gone (404 or another UID); after the attempts run out it goes back into the
-  dirty set with a per-pod exponential backoff (1 to 30 s), so its last state
-  is written eventually without a retry storm. A 401 or 403 takes that per-pod
-  backoff at once (a restarted apiserver refuses non-admin users until its RBAC
-  cache has synced; a fixed binding heals the same way). Jitter comes from an
-  injected ``random.Random``, like the health streams' backoff.
-
-Coalescing: ``mark_dirty`` puts pods in a set with the time each is due. The
-window is leading-edge per pod: a pod not written within the last ``window``
-is due at once; later changes wait until a window after its last write and
-coalesce meanwhile. Each round writes every due pod's *latest* desired status
-once, under a QPS/burst token bucket shared with the taint bridge's writes
-(the manager's one ``calls.TokenBucket``, of which the bridge takes spare tokens only;
-pod lists, watches and claim reads do not take its tokens), so each pod gets at most
-one write per window whatever the storm. Status writes take
-the bucket's tokens first; Events are flushed by a task of their own and take
-only spare tokens (``calls.TokenBucket``), so they never delay a status write.
-
-``--container-status``:
-
-- ``off`` never writes ``allocatedResourcesStatus``;
-- ``auto`` tells four cases apart (``podstate.kubelet_verdict``):
-  the kubelet writes the field (entries for our names with resource IDs we
-  would not produce, CDI IDs, or our entries changed by a later version):
-  we leave the field to it for that pod. The kubelet removes it (a later
-  version lacks our entries where our write's answer had them; its
-  ``ResourceHealthStatus`` gate is off): we stop writing the field on the
-  whole node and say so once (``gates.KubeletGate``). The API server drops
-  it (our own answer lacks it): ``gates.ServerGates``. Nobody touches it:
-  we keep writing. The condition and events go on in every case;
-- ``on`` always writes it, except that a field the kubelet removed, or
-  rewrote with entries of its own (one under a CDI ID several devices share),
-  is written again only after a per-pod backoff (``podstate.removal_backoff``:
-  10 s doubling to 5 min), so beside a kubelet that takes it back there is at
-  most one rewrite per pod per 5 minutes in steady state, not a write war.
-
-If the API server drops the field (its ``ResourceHealthStatus`` gate is off)
-the response says so: we log it once, count it, post one Event on the node
-and stop writing the field. A dropped ``message`` (gate
-``ResourceHealthStatusMessage`` off) likewise stops us sending messages.
-
-Terminated pods (the kubelet forgets their devices, kubernetes #132978): when
-a pod turns Succeeded or Failed its claims and device health are frozen in a
-bounded, time-limited record, and its status is written from that record, so
-a failed batch pod shows the health its devices had when it failed.
+Counterpart of the kubelet's status manager (``pkg/kubelet/status``) and ``PatchPodStatus``
+(``pkg/util/pod``). :class:`StatusWriter` runs the loop that writes each dirty pod's latest
+desired status as a JSON patch planned by ``kube.patchplan``, with per-pod state in
+``kube.podstate`` and the kubelet's and API server's handling of the field in ``kube.gates``;
+its docstring says how a write is made, coalesced and retried, and how
+``--container-status`` shares the field with the kubelet.
 """
 
 from __future__ import annotations
@@ -124,7 +69,58 @@ class WriterStats:
 
 
 class StatusWriter:
-    """Writes pods' desired device status; fed by ``mark_dirty`` and pod updates."""
+    """Writes pods' desired device status; fed by ``mark_dirty`` and pod updates.
+
+    A write is a JSON patch of ``pods/<name>/status`` that sets only ``allocatedResourcesStatus``
+    of each changed container status and our condition, with ``test`` operations on what it
+    assumes (the pod UID, the container's name at its index, the entries it replaces, the
+    condition's type at its index). The kubelet sends the whole atomic ``containerStatuses``
+    list; we do not, so a kubelet changing other fields meanwhile is no conflict. A failed test
+    (422) or a 409 means someone else wrote first: re-read, re-plan, send again. A re-read that
+    finds another UID under the name (the pod was deleted and created again) gives the old pod up.
+
+    Retries (tenacity, on the injected clock): 5xx, 429 (``Retry-After`` wins over the backoff)
+    and lost connections. A pod is given up only when it is gone (404 or another UID); after the
+    attempts run out it goes back into the dirty set with a per-pod exponential backoff (1 to
+    30 s), so its last state is written eventually without a retry storm. A 401 or 403 takes
+    that per-pod backoff at once (a restarted apiserver refuses non-admin users until its RBAC
+    cache has synced; a fixed binding heals the same way). Jitter comes from an injected
+    ``random.Random``, like the health streams' backoff.
+
+    Coalescing: ``mark_dirty`` puts pods in a set with the time each is due. The window is
+    leading-edge per pod: a pod not written within the last ``window`` is due at once; later
+    changes wait until a window after its last write and coalesce meanwhile. Each round writes
+    every due pod's *latest* desired status once, under the manager's one QPS/burst
+    ``calls.TokenBucket`` (the taint bridge and Events take only spare tokens; pod lists,
+    watches and claim reads take none), so each pod gets at most one write per window whatever
+    the storm.
+
+    ``--container-status``:
+
+    - ``off`` never writes ``allocatedResourcesStatus``;
+    - ``auto`` tells four cases apart (``podstate.kubelet_verdict``). The kubelet writes the
+      field (entries for our names with resource IDs we would not produce, CDI IDs, or our
+      entries changed by a later version): we leave it to the kubelet for that pod. The kubelet
+      removes it (a later version lacks our entries where our write's answer had them; its
+      ``ResourceHealthStatus`` gate is off): we stop writing the field on the whole node and say
+      so once (``gates.KubeletGate``). The API server drops it (our own answer lacks it):
+      ``gates.ServerGates``. Nobody touches it: we keep writing. The condition and Events go on
+      in every case;
+    - ``on`` always writes it, except that a field the kubelet removed, or rewrote with entries
+      of its own (one under a CDI ID several devices share), is written again only after a
+      per-pod backoff (``podstate.removal_backoff``: 10 s doubling to 5 min): at most one
+      rewrite per pod per 5 minutes in steady state, not a write war.
+
+    If the API server drops the field (its ``ResourceHealthStatus`` gate is off) the response
+    says so: we log it once, count it, post one Event on the node and stop writing the field. A
+    dropped ``message`` (gate ``ResourceHealthStatusMessage`` off) likewise stops us sending
+    messages.
+
+    Terminated pods (the kubelet forgets their devices, kubernetes #132978): when a pod turns
+    Succeeded or Failed its claims and device health are frozen in a bounded, time-limited
+    record, and its status is written from that record, so a failed batch pod shows the health
+    its devices had when it failed.
+    """
 
     def __init__(
         self,

@@ -4,30 +4,8 @@ Reads what the kubelet (or our writer, ``podstatus.py``) put in a pod:
 ``status.containerStatuses[].allocatedResourcesStatus`` (and ``initContainerStatuses`` for
 restartable init containers) and the device-health condition. A pod is reduced to a
 :class:`PodView` as soon as it is read, so a list of 10,000 pods keeps only their health
-entries.
-
-Devices are named by ``resourceID`` as the kubelet names them: the device's first CDI device
-ID if its driver returned one, else ``<driver>/<pool>/<device>``. :func:`resolve` maps one back
-to a device, in this order:
-
-1. an exact ``<driver>/<pool>/<device>`` match among the results of the pod's ResourceClaim
-   (``status.allocation.devices.results``, which ``claims.claim_from_api`` parses);
-2. our pod condition: it names each device it mentions ``<driver>/<pool>/<device> (as <the
-   kubelet's resourceID>)``, or ``(as <kubelet's>, ours <ours>)`` where the kubelet's ID is
-   shared by several devices of a claim (``claims.device_name``); :func:`condition_names`
-   reads that back. A shared kubelet ID resolves to no device (the kubelet's entry shows one
-   of several devices' health), and :func:`resolve` tries nothing else for it;
-3. the only result the entry's request can see;
-4. for a CDI ID (``vendor/class=name``), the only result whose device name ends the CDI name
-   (drivers commonly name CDI devices ``<claim uid>-<device>``): a guess, used last.
-
-Anything else stays unresolved (``None``). The condition names only devices that are not
-Healthy, so a healthy device with a CDI ID is resolved by 3 or 4, or not at all.
-
-Taints come from ``DeviceTaintRule`` objects: a rule taints a device when every criterion of
-its ``deviceSelector`` that we can evaluate (driver, pool, device) matches; a rule without a
-selector matches nothing, and one with criteria we cannot evaluate here (the CEL
-``selectors`` or ``deviceClassName`` of the v1alpha3 API) is not shown.
+entries. :func:`resolve` maps a ``resourceID`` back to a device (its docstring has the
+order of the rules); taints come from ``DeviceTaintRule`` objects (:class:`Taint`).
 """
 
 from __future__ import annotations
@@ -257,7 +235,26 @@ def claim_results(claim: Obj) -> tuple[Result, ...]:
 def resolve(
     resource_id: str, entry: str, results: Sequence[Result], view: PodView | None = None
 ) -> DeviceId | None:
-    """The device a ``resourceID`` of an entry names (see the module docstring)."""
+    """The device a ``resourceID`` of an entry names (see the module docstring).
+
+    Devices are named by ``resourceID`` as the kubelet names them: the device's first CDI device
+    ID if its driver returned one, else ``<driver>/<pool>/<device>``. :func:`resolve` maps one back
+    to a device, in this order:
+
+    1. an exact ``<driver>/<pool>/<device>`` match among the results of the pod's ResourceClaim
+       (``status.allocation.devices.results``, which ``claims.claim_from_api`` parses);
+    2. our pod condition: it names each device it mentions ``<driver>/<pool>/<device> (as <the
+       kubelet's resourceID>)``, or ``(as <kubelet's>, ours <ours>)`` where the kubelet's ID is
+       shared by several devices of a claim (``claims.device_name``); :func:`condition_names`
+       reads that back. A shared kubelet ID resolves to no device (the kubelet's entry shows one
+       of several devices' health), and :func:`resolve` tries nothing else for it;
+    3. the only result the entry's request can see;
+    4. for a CDI ID (``vendor/class=name``), the only result whose device name ends the CDI name
+       (drivers commonly name CDI devices ``<claim uid>-<device>``): a guess, used last.
+
+    Anything else stays unresolved (``None``). The condition names only devices that are not
+    Healthy, so a healthy device with a CDI ID is resolved by 3 or 4, or not at all.
+    """
     for r in results:
         if f"{r.driver}/{r.pool}/{r.device}" == resource_id:
             return r.device_id
@@ -369,6 +366,13 @@ def sort_devices(rows: list[DeviceRow]) -> list[DeviceRow]:
 
 
 def taints_for(device: DeviceId | None, rules: Sequence[Obj]) -> list[Taint]:
+    """The taints of ``device`` among these ``DeviceTaintRule`` objects.
+
+    A rule taints a device when every criterion of its ``deviceSelector`` that we can evaluate
+    (driver, pool, device) matches; a rule without a selector matches nothing, and one with
+    criteria we cannot evaluate here (the CEL ``selectors`` or ``deviceClassName`` of the
+    v1alpha3 API) is not shown.
+    """
     if device is None:
         return []
     found = []

@@ -1,34 +1,11 @@
 """Registered DRA plugins and their health streams; the lease deadline timer.
 
-Counterpart of the kubelet's ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``
-(plugin list per driver, one health stream per endpoint) together with
-``HandleWatchResourcesStream`` in ``pkg/kubelet/cm/dra/manager.go``.
-
-:class:`PluginManager` receives ``registration.PluginEvent`` values through
-:meth:`PluginManager.handle` and runs one task per endpoint that
-advertises a health service. That task consumes the events of
-``streams.watch`` (the stream's state machine) and applies each in one
-place, :meth:`PluginManager._apply`: a report goes into the
-``healthinfo.HealthCache``, the end of a stream only tells the cache that the
-endpoint no longer streams; the devices whose visible state changed go to
-``on_change``. Differences from the kubelet, each tested:
-
-- the lease outlives the stream: a stream that ends (EOF, error,
-  ``UNIMPLEMENTED``, deregistration) changes nothing; its devices keep their
-  last state until their lease runs out, then the deadline task turns them
-  ``Unknown`` (and ``on_change`` hears of it then), unless an endpoint of the
-  driver (the restarted driver, the new pod of a rolling upgrade) reported
-  them first. The kubelet clears the whole driver at once and notifies nobody
-  (#140818), so a driver restart flashes ``Unknown`` there;
-- ``UNIMPLEMENTED`` stops the endpoint's task until it re-registers (#141855);
-- a deadline task wakes at the earliest lease deadline and expires leases
-  then, so pods see ``Unknown`` on time (#140819);
-- more than :data:`MAX_ENDPOINTS_PER_DRIVER` streaming endpoints of one
-  driver stop the *oldest* one's stream (the kubelet has no bound; no real
-  node comes near it).
-
-Observability is plain state (``endpoints``, ``drivers``, ``refused``,
-``lease_expiries``) that the metrics module reads at scrape time.
+Counterpart of the kubelet's ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`` (plugin
+list per driver, one health stream per endpoint) together with
+``HandleWatchResourcesStream`` in ``pkg/kubelet/cm/dra/manager.go``. :class:`PluginManager`
+runs one task per endpoint that advertises a health service and applies what its stream
+says in one place; it differs from the kubelet where the kubelet has known bugs (#140818,
+#140819, #141855), and its docstring says where.
 """
 
 from __future__ import annotations
@@ -96,6 +73,32 @@ class PluginManager:
     Use as ``async with PluginManager(...) as manager`` or call :meth:`start`
     and :meth:`close`; pass :meth:`handle` as the ``on_event`` callback of a
     ``registration.RegistryWatcher``.
+
+    :class:`PluginManager` receives ``registration.PluginEvent`` values through
+    :meth:`PluginManager.handle` and runs one task per endpoint that
+    advertises a health service. That task consumes the events of
+    ``streams.watch`` (the stream's state machine) and applies each in one
+    place, :meth:`PluginManager._apply`: a report goes into the
+    ``healthinfo.HealthCache``, the end of a stream only tells the cache that the
+    endpoint no longer streams; the devices whose visible state changed go to
+    ``on_change``. Differences from the kubelet, each tested:
+
+    - the lease outlives the stream: a stream that ends (EOF, error,
+      ``UNIMPLEMENTED``, deregistration) changes nothing; its devices keep their
+      last state until their lease runs out, then the deadline task turns them
+      ``Unknown`` (and ``on_change`` hears of it then), unless an endpoint of the
+      driver (the restarted driver, the new pod of a rolling upgrade) reported
+      them first. The kubelet clears the whole driver at once and notifies nobody
+      (#140818), so a driver restart flashes ``Unknown`` there;
+    - ``UNIMPLEMENTED`` stops the endpoint's task until it re-registers (#141855);
+    - a deadline task wakes at the earliest lease deadline and expires leases
+      then, so pods see ``Unknown`` on time (#140819);
+    - more than :data:`MAX_ENDPOINTS_PER_DRIVER` streaming endpoints of one
+      driver stop the *oldest* one's stream (the kubelet has no bound; no real
+      node comes near it).
+
+    Observability is plain state (``endpoints``, ``drivers``, ``refused``,
+    ``lease_expiries``) that the metrics module reads at scrape time.
     """
 
     def __init__(

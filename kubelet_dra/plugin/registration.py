@@ -1,33 +1,11 @@
 """Plugin discovery: the registry watcher.
 
-Counterpart of the kubelet's ``pkg/kubelet/pluginmanager`` (plugin watcher,
-reconciler, operation generator). Its two parts have modules of their own:
-``getinfo`` (one socket's ``GetInfo``, version negotiation, ``NotifyRegistrationStatus``)
-and ``validation`` (the driver name and endpoint checks of
-``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``).
-
-:class:`RegistryWatcher` polls a plugins-registry directory (recursively) for
-unix sockets instead of using inotify: a scan every
-``settings.registry_poll_interval`` costs one ``scandir`` per directory and
-needs no extra dependency, and the kubelet's own reconciler only acts once a
-second anyway. A socket is identified by its path plus (inode, ctime), so a
-socket re-created at the same path deregisters and registers again, as in the
-kubelet.
-
-Events are delivered to an async callback, ``on_event(PluginEvent)``, one at a
-time and in order (a deregistration always precedes the re-registration of the
-same path). ``plugins.PluginManager.handle`` is that callback.
-
-Validation follows kubelet v1.38 (``dra_plugin_manager.go``): the driver
-name must pass ``ValidateCSIDriverName`` and the endpoint must be an
-absolute, plain path shorter than 108 bytes (see ``validation``). A refused
-registration is an error to the plugin (as owner, through
-``NotifyRegistrationStatus``), logged once per socket and counted in
-:attr:`RegistryWatcher.refused`.
-
-Roles: an **observer** (the sidecar) only calls ``GetInfo`` and never
-``NotifyRegistrationStatus``, so it cannot disturb the real kubelet's
-registration; an **owner** acts as the kubelet and notifies the plugin.
+Counterpart of the kubelet's ``pkg/kubelet/pluginmanager`` (plugin watcher, reconciler,
+operation generator). Its two parts have modules of their own: ``getinfo`` (one socket's
+``GetInfo``, version negotiation, ``NotifyRegistrationStatus``) and ``validation`` (the
+driver name and endpoint checks of ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``).
+:class:`RegistryWatcher` polls the plugins registry and delivers events in order; as an
+observer (the sidecar) it never disturbs the real kubelet's registration.
 """
 
 from __future__ import annotations
@@ -101,6 +79,29 @@ class RegistryWatcher:
     ``static`` plugins (built with :func:`make_plugin_info`) are registered at
     start for environments without a registry; ``directory=None`` disables the
     scan. Use as ``async with`` or call :meth:`start` / :meth:`close`.
+
+    :class:`RegistryWatcher` polls a plugins-registry directory (recursively) for
+    unix sockets instead of using inotify: a scan every
+    ``settings.registry_poll_interval`` costs one ``scandir`` per directory and
+    needs no extra dependency, and the kubelet's own reconciler only acts once a
+    second anyway. A socket is identified by its path plus (inode, ctime), so a
+    socket re-created at the same path deregisters and registers again, as in the
+    kubelet.
+
+    Events are delivered to an async callback, ``on_event(PluginEvent)``, one at a
+    time and in order (a deregistration always precedes the re-registration of the
+    same path). ``plugins.PluginManager.handle`` is that callback.
+
+    Validation follows kubelet v1.38 (``dra_plugin_manager.go``): the driver
+    name must pass ``ValidateCSIDriverName`` and the endpoint must be an
+    absolute, plain path shorter than 108 bytes (see ``validation``). A refused
+    registration is an error to the plugin (as owner, through
+    ``NotifyRegistrationStatus``), logged once per socket and counted in
+    :attr:`RegistryWatcher.refused`.
+
+    Roles: an **observer** (the sidecar) only calls ``GetInfo`` and never
+    ``NotifyRegistrationStatus``, so it cannot disturb the real kubelet's
+    registration; an **owner** acts as the kubelet and notifies the plugin.
     """
 
     def __init__(

@@ -1,27 +1,11 @@
 """One endpoint's health stream as an async generator of events: open, convert, reconnect.
 
-Counterpart of the stream loop in the kubelet's
-``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`` (``add()``'s
-``wait.UntilWithContext``), of ``DRAPlugin.NodeWatchResources`` in
-``dra_plugin.go`` and of ``buildDeviceHealth`` in ``manager.go``.
-
-:func:`watch` is the whole state machine of one endpoint's stream: it is the
-only code that sets :class:`StreamState`, and it tells its consumer
-(:class:`kubelet_dra.plugin.plugins.PluginManager`, which owns the task and the
-health cache) what happened as values, never by calling it back:
-
-- :class:`Report`: one response, converted (or refused as a whole);
-- :class:`Ended`: the stream is over (EOF, an error, ``UNIMPLEMENTED``, or a
-  bug in this module); the consumer's devices of the endpoint keep their
-  state until their leases run out (``healthinfo.HealthCache.end_endpoint``).
-
-Where the kubelet retries every 5 s forever, even on ``UNIMPLEMENTED``
-(kubernetes/kubernetes#141855), the generator returns on ``UNIMPLEMENTED`` and otherwise
-backs off exponentially with jitter, up to a cap, resetting after a healthy
-period. Protobuf messages stop here: v1 and v1alpha1 responses both become
-``healthinfo.Entries``, keyed as the cache keys them (``Converted.reports``
-gives ``models.DeviceReport`` values to readers). :data:`HEALTH_CLIENTS` is
-the one table of health-service stubs (``commands.watch`` uses it too).
+Counterpart of the stream loop in the kubelet's ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``
+(``add()``'s ``wait.UntilWithContext``), of ``DRAPlugin.NodeWatchResources`` in
+``dra_plugin.go`` and of ``buildDeviceHealth`` in ``manager.go``. :func:`watch` is the
+whole state machine of one endpoint's stream (its docstring has it); :class:`Backoff` is
+its reconnect policy. :data:`HEALTH_CLIENTS` is the one table of health-service stubs
+(``commands.watch`` uses it too).
 """
 
 from __future__ import annotations
@@ -236,6 +220,23 @@ async def watch(
 
     ``status`` is updated as the stream goes (state, reconnects, last error);
     closing the generator (or cancelling its consumer) sets ``STOPPED``.
+
+    :func:`watch` is the whole state machine of one endpoint's stream: it is the
+    only code that sets :class:`StreamState`, and it tells its consumer
+    (:class:`kubelet_dra.plugin.plugins.PluginManager`, which owns the task and the
+    health cache) what happened as values, never by calling it back:
+
+    - :class:`Report`: one response, converted (or refused as a whole);
+    - :class:`Ended`: the stream is over (EOF, an error, ``UNIMPLEMENTED``, or a
+      bug in this module); the consumer's devices of the endpoint keep their
+      state until their leases run out (``healthinfo.HealthCache.end_endpoint``).
+
+    Where the kubelet retries every 5 s forever, even on ``UNIMPLEMENTED``
+    (kubernetes/kubernetes#141855), the generator returns on ``UNIMPLEMENTED`` and otherwise
+    backs off exponentially with jitter, up to a cap, resetting after a healthy
+    period. Protobuf messages stop here: v1 and v1alpha1 responses both become
+    ``healthinfo.Entries``, keyed as the cache keys them (``Converted.reports``
+    gives ``models.DeviceReport`` values to readers).
     """
     backoff = Backoff(
         initial=settings.stream_backoff_initial, cap=settings.stream_backoff_max, rng=rng

@@ -1,57 +1,10 @@
 """The device health cache: leases, changed-device sets and deadlines.
 
-Counterpart of the kubelet's ``pkg/kubelet/cm/dra/healthinfo.go``
-(``healthInfoCache``), with the same visible semantics:
-
-- a report replaces a device's record and restarts its lease at receive time
-  (the driver's ``last_updated_time`` is kept for display, never trusted);
-- the lease is the device's positive ``health_check_timeout_seconds``, else the
-  node default (30 s);
-- an update returns the devices whose visible state (health, message, lease)
-  changed; an identical report changes nothing.
-
-Like the kubelet v1.37.2 (and newer):
-
-- a driver holds at most :data:`MAX_DEVICES_PER_DRIVER` records; a report's
-  new devices beyond it are refused (counted in :attr:`HealthCache.refused`,
-  one log line per report), known devices are always updated;
-- a record the driver stopped reporting, whose lease ran out, is deleted at
-  the driver's next report that does not carry it (in memory and, through the
-  sink, on disk); a deleted device reads ``Unknown``.
-
-Where the kubelet has known bugs this cache does better:
-
-- expiry is eager: :meth:`HealthCache.next_deadline` and
-  :meth:`HealthCache.expire` let the caller act at the deadline (kubelet
-  #140819 only notices on the next report or status rebuild). The expired
-  record stays, ``Unknown``, until that next report deletes it silently:
-  the ``Unknown`` notification the kubelet sends with the deletion was sent
-  at the deadline instead;
-- the lease outlives the stream: when an endpoint's stream ends (EOF, error,
-  deregistration) its devices keep their last reported state until their
-  lease runs out (the kubelet's ``clearDriver`` deletes the whole driver at
-  once, #140818). Nothing changes at the stream end; another endpoint of the
-  driver that reports a device takes it over; a device whose lease runs out
-  first turns ``Unknown`` at its deadline through :meth:`HealthCache.expire`,
-  as for a silent driver, and since no stream of its endpoint runs any more
-  its record is deleted then (so the records of a driver that vanished go at
-  the end of their leases). An endpoint counts as streaming from its first
-  report until its stream ends (:meth:`HealthCache.end_endpoint`); records
-  loaded from the state file belong to no streaming endpoint until theirs
-  reports;
-- changes are computed against what a reader saw, so a report that revives an
-  expired device is a change even if the stale record said the same thing.
-
-Persistence (the kubelet stores only changes, so its restart loses every
-lease): a report that changes a device's health, message, lease or endpoint
-is handed to the sink at once; a plain renewal only when the record last
-handed over would otherwise expire within half its lease
-(:data:`PERSIST_FRACTION`). So after a crash a device keeps at least half of
-the lease its last persisted report gave it, and a driver resending every
-second costs one row per device per half lease, not one per report.
-
-The module is pure apart from its log line: ``now`` is always an argument and
-persistence is a :class:`Sink` the caller provides (``store.HealthStore``).
+Counterpart of the kubelet's ``pkg/kubelet/cm/dra/healthinfo.go`` (``healthInfoCache``),
+with the same visible semantics, a driver's device cap as v1.37.2 has it, and fixes where
+the kubelet has known bugs (eager expiry, #140819; leases that outlive the stream, #140818):
+:class:`HealthCache` says each rule. Pure apart from its log line: ``now`` is always an
+argument and persistence is a :class:`Sink` the caller provides (``store.HealthStore``).
 """
 
 from __future__ import annotations
@@ -123,7 +76,57 @@ def truncate_message(message: str) -> str:
 
 
 class HealthCache:
-    """Health of every device of every driver, with eager lease expiry."""
+    """Health of every device of every driver, with eager lease expiry.
+
+    The kubelet's visible semantics:
+
+    - a report replaces a device's record and restarts its lease at receive time
+      (the driver's ``last_updated_time`` is kept for display, never trusted);
+    - the lease is the device's positive ``health_check_timeout_seconds``, else the
+      node default (30 s);
+    - an update returns the devices whose visible state (health, message, lease)
+      changed; an identical report changes nothing.
+
+    Like the kubelet v1.37.2 (and newer):
+
+    - a driver holds at most :data:`MAX_DEVICES_PER_DRIVER` records; a report's
+      new devices beyond it are refused (counted in :attr:`HealthCache.refused`,
+      one log line per report), known devices are always updated;
+    - a record the driver stopped reporting, whose lease ran out, is deleted at
+      the driver's next report that does not carry it (in memory and, through the
+      sink, on disk); a deleted device reads ``Unknown``.
+
+    Where the kubelet has known bugs this cache does better:
+
+    - expiry is eager: :meth:`HealthCache.next_deadline` and
+      :meth:`HealthCache.expire` let the caller act at the deadline (kubelet
+      #140819 only notices on the next report or status rebuild). The expired
+      record stays, ``Unknown``, until that next report deletes it silently:
+      the ``Unknown`` notification the kubelet sends with the deletion was sent
+      at the deadline instead;
+    - the lease outlives the stream: when an endpoint's stream ends (EOF, error,
+      deregistration) its devices keep their last reported state until their
+      lease runs out (the kubelet's ``clearDriver`` deletes the whole driver at
+      once, #140818). Nothing changes at the stream end; another endpoint of the
+      driver that reports a device takes it over; a device whose lease runs out
+      first turns ``Unknown`` at its deadline through :meth:`HealthCache.expire`,
+      as for a silent driver, and since no stream of its endpoint runs any more
+      its record is deleted then (so the records of a driver that vanished go at
+      the end of their leases). An endpoint counts as streaming from its first
+      report until its stream ends (:meth:`HealthCache.end_endpoint`); records
+      loaded from the state file belong to no streaming endpoint until theirs
+      reports;
+    - changes are computed against what a reader saw, so a report that revives an
+      expired device is a change even if the stale record said the same thing.
+
+    Persistence (the kubelet stores only changes, so its restart loses every
+    lease): a report that changes a device's health, message, lease or endpoint
+    is handed to the sink at once; a plain renewal only when the record last
+    handed over would otherwise expire within half its lease
+    (:data:`PERSIST_FRACTION`). So after a crash a device keeps at least half of
+    the lease its last persisted report gave it, and a driver resending every
+    second costs one row per device per half lease, not one per report.
+    """
 
     def __init__(
         self,

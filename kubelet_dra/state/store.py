@@ -1,44 +1,10 @@
 """Persistence of the health cache on sqlitedict (SQLite), restart-safe.
 
-Counterpart of the kubelet's ``dra_health_state`` file, which is the whole
-cache as JSON rewritten (temp file + rename, no fsync) on every change. Here:
-
-- one SQLite file, opened through sqlitedict, in WAL mode with
-  ``synchronous=FULL`` (:data:`SYNCHRONOUS`): a committed batch survives a
-  crash of the process (SIGKILL) and a power loss, and the file is never
-  torn. NORMAL syncs the WAL only before a checkpoint, so a power loss lost
-  every commit since the last one, up to a whole WAL (about 1,000 commits;
-  ``tests/powerloss``), which broke the half-lease guarantee below.
-  sqlitedict hard-codes ``synchronous=OFF`` (not safe against power loss),
-  so we set the level ourselves after opening;
-- values are versioned JSON (``StoredDevice``), never pickles;
-- writes are staged in memory (the latest record per device wins) and
-  committed in one transaction by :meth:`HealthStore.flush`, so a flood of
-  reports costs one commit per flush, not per device. The batch is sent to
-  SQLite as multi-row ``INSERT ... VALUES ... ON CONFLICT DO UPDATE`` statements
-  of :data:`CHUNK` rows
-  with bound parameters, each value's JSON text formatted directly (see
-  :func:`_value_text`), instead of sqlitedict's one-queue-round-trip-per-row
-  ``update``;
-- deletions are staged like records (the latest change per device wins), so
-  a device the cache dropped (its driver stopped reporting it, or its stream
-  ended) is gone from the file after the next flush and reads ``Unknown``
-  after a restart, as the kubelet's deleted entries do;
-- lease renewals are stored too (the kubelet stores only changes), but only
-  when the stored record would otherwise expire within half its lease (the
-  cache decides, ``healthinfo.PERSIST_FRACTION``), so after a restart a device
-  keeps at least half of its lease, counted from its driver's last report
-  committed before the crash;
-- a file that cannot be read (garbage, truncation, a schema we do not know)
-  is moved aside with a clear error and the cache starts empty: the process
-  never crash-loops on its own state;
-- a failing flush (read-only or full disk, file deleted) keeps the staged
-  records in memory, reports ``degraded`` and succeeds again when it can. A
-  state directory that cannot be written at start (read-only, full) is not
-  "corrupt": the file is kept, read if possible, and opened for writing at a
-  later flush. SQLite keeps writing to a deleted file without an error, so
-  :meth:`HealthStore.replaced` compares the path's inode with the open file's
-  and :meth:`HealthStore.reopen` starts a new file with every record.
+Counterpart of the kubelet's ``dra_health_state`` file, which is the whole cache as JSON
+rewritten (temp file + rename, no fsync) on every change. :class:`HealthStore` is one SQLite
+file in WAL mode with ``synchronous=FULL``, versioned JSON values, staged writes committed
+in one transaction per flush, and a file that cannot be read moved aside, never
+crash-looped on; its docstring has each rule.
 """
 
 from __future__ import annotations
@@ -311,7 +277,45 @@ class Connection:
 
 
 class HealthStore:
-    """The on-disk health cache. Thread-safe; blocking calls (use a thread)."""
+    """The on-disk health cache. Thread-safe; blocking calls (use a thread).
+
+    - one SQLite file, opened through sqlitedict, in WAL mode with
+      ``synchronous=FULL`` (:data:`SYNCHRONOUS`): a committed batch survives a
+      crash of the process (SIGKILL) and a power loss, and the file is never
+      torn. NORMAL syncs the WAL only before a checkpoint, so a power loss lost
+      every commit since the last one, up to a whole WAL (about 1,000 commits;
+      ``tests/powerloss``), which broke the half-lease guarantee below.
+      sqlitedict hard-codes ``synchronous=OFF`` (not safe against power loss),
+      so we set the level ourselves after opening;
+    - values are versioned JSON (``StoredDevice``), never pickles;
+    - writes are staged in memory (the latest record per device wins) and
+      committed in one transaction by :meth:`HealthStore.flush`, so a flood of
+      reports costs one commit per flush, not per device. The batch is sent to
+      SQLite as multi-row ``INSERT ... VALUES ... ON CONFLICT DO UPDATE`` statements
+      of :data:`CHUNK` rows
+      with bound parameters, each value's JSON text formatted directly (see
+      :func:`_value_text`), instead of sqlitedict's one-queue-round-trip-per-row
+      ``update``;
+    - deletions are staged like records (the latest change per device wins), so
+      a device the cache dropped (its driver stopped reporting it, or its stream
+      ended) is gone from the file after the next flush and reads ``Unknown``
+      after a restart, as the kubelet's deleted entries do;
+    - lease renewals are stored too (the kubelet stores only changes), but only
+      when the stored record would otherwise expire within half its lease (the
+      cache decides, ``healthinfo.PERSIST_FRACTION``), so after a restart a device
+      keeps at least half of its lease, counted from its driver's last report
+      committed before the crash;
+    - a file that cannot be read (garbage, truncation, a schema we do not know)
+      is moved aside with a clear error and the cache starts empty: the process
+      never crash-loops on its own state;
+    - a failing flush (read-only or full disk, file deleted) keeps the staged
+      records in memory, reports ``degraded`` and succeeds again when it can. A
+      state directory that cannot be written at start (read-only, full) is not
+      "corrupt": the file is kept, read if possible, and opened for writing at a
+      later flush. SQLite keeps writing to a deleted file without an error, so
+      :meth:`HealthStore.replaced` compares the path's inode with the open file's
+      and :meth:`HealthStore.reopen` starts a new file with every record.
+    """
 
     def __init__(self, path: pathlib.Path, *, db: Connection | None) -> None:
         self.path = path

@@ -1,45 +1,11 @@
 """Which pods, containers and claim references use which device, and back.
 
-Counterpart of the kubelet's ``pkg/kubelet/cm/dra/claiminfo.go`` (the claim
-info cache) plus the (pool, device) -> pod UIDs index that ``manager.go``
-builds in ``HandleWatchResourcesStream``. The index is pure: it holds plain
-values, does no I/O and is fed in two ways:
-
-1. from the API (the sidecar): pods as plain dicts (:meth:`ClaimIndex.set_pod`)
-   and the ``resource.k8s.io/v1`` ResourceClaims they reference
-   (:meth:`ClaimIndex.set_claim`), whose ``status.allocation.devices.results``
-   name the devices;
-2. programmatically (a node agent that prepares claims itself):
-   :meth:`ClaimIndex.add_prepared_claim` with the devices, request names and
-   CDI device IDs the driver returned from ``NodePrepareResources``. A
-   prepared claim wins over the API's view of the same claim, as the kubelet
-   only knows the devices a driver returned.
-
-The sidecar adds the kubelet's names to API claims: the CDI device IDs the
-kubelet's PodResources API reports per device (:meth:`ClaimIndex.set_claim_names`,
-fed by ``state.podresources``) are laid over the API's devices, which keep
-their request names.
-
-Kubelet rules kept exactly:
-
-- a container's claim reference resolves to a ResourceClaim object name
-  through ``status.resourceClaimStatuses`` first, then through
-  ``resourceclaim.Name``: ``resourceClaimName`` directly, or the generated
-  name recorded in the status for a template (:func:`resolve_claim_name`);
-- a container claim with a ``request`` sees only devices whose request names
-  contain its base request (the part before the first ``/``); a device with no
-  request names is seen by every request (:meth:`PreparedDevice.serves`). The
-  container's side is always cut to its base request; the device's names are
-  compared as stored. A claim read from the API is stored under the base
-  request of each result (an allocation result ``req/sub``, a subrequest,
-  serves ``req``), while names a driver returned are kept as it returned them,
-  as the kubelet keeps them (a driver that answers ``req/sub`` serves no one);
-- devices are matched by driver, pool and device only: a shared device
-  (different share IDs) notifies every pod that uses it.
-
-Every mutation returns a :class:`Delta`: the pods whose status may have
-changed and the claims that became (un)referenced, so the API side knows which
-claims to fetch or forget and the writer which pods to mark dirty.
+Counterpart of the kubelet's ``pkg/kubelet/cm/dra/claiminfo.go`` (the claim info cache)
+plus the (pool, device) -> pod UIDs index that ``manager.go`` builds in
+``HandleWatchResourcesStream``. :class:`ClaimIndex` is pure: it holds plain values, does no
+I/O, is fed from the API (the sidecar) or by a node agent that prepares claims itself, and
+keeps the kubelet's rules for resolving claim references and requests exactly (its
+docstring lists them). Every mutation returns a :class:`Delta`.
 """
 
 from __future__ import annotations
@@ -376,7 +342,46 @@ def _restartable(container: Obj) -> bool:
 
 
 class ClaimIndex:
-    """Device <-> (pod, container, claim reference, request), updated incrementally."""
+    """Device <-> (pod, container, claim reference, request), updated incrementally.
+
+    The index is pure: it holds plain
+    values, does no I/O and is fed in two ways:
+
+    1. from the API (the sidecar): pods as plain dicts (:meth:`ClaimIndex.set_pod`)
+       and the ``resource.k8s.io/v1`` ResourceClaims they reference
+       (:meth:`ClaimIndex.set_claim`), whose ``status.allocation.devices.results``
+       name the devices;
+    2. programmatically (a node agent that prepares claims itself):
+       :meth:`ClaimIndex.add_prepared_claim` with the devices, request names and
+       CDI device IDs the driver returned from ``NodePrepareResources``. A
+       prepared claim wins over the API's view of the same claim, as the kubelet
+       only knows the devices a driver returned.
+
+    The sidecar adds the kubelet's names to API claims: the CDI device IDs the kubelet's
+    PodResources API reports per device (:meth:`ClaimIndex.set_claim_names`, fed by
+    ``state.podresources``) are laid over the API's devices, which keep their request names.
+
+    Kubelet rules kept exactly:
+
+    - a container's claim reference resolves to a ResourceClaim object name
+      through ``status.resourceClaimStatuses`` first, then through
+      ``resourceclaim.Name``: ``resourceClaimName`` directly, or the generated
+      name recorded in the status for a template (:func:`resolve_claim_name`);
+    - a container claim with a ``request`` sees only devices whose request names
+      contain its base request (the part before the first ``/``); a device with no
+      request names is seen by every request (:meth:`PreparedDevice.serves`). The
+      container's side is always cut to its base request; the device's names are
+      compared as stored. A claim read from the API is stored under the base
+      request of each result (an allocation result ``req/sub``, a subrequest,
+      serves ``req``), while names a driver returned are kept as it returned them,
+      as the kubelet keeps them (a driver that answers ``req/sub`` serves no one);
+    - devices are matched by driver, pool and device only: a shared device
+      (different share IDs) notifies every pod that uses it.
+
+    Every mutation returns a :class:`Delta`: the pods whose status may have
+    changed and the claims that became (un)referenced, so the API side knows which
+    claims to fetch or forget and the writer which pods to mark dirty.
+    """
 
     def __init__(self, *, sidecars: bool = True) -> None:
         self.sidecars = sidecars

@@ -1,62 +1,13 @@
 """A pod's ``allocatedResourcesStatus`` and device-health condition, pure.
 
 Counterpart of the kubelet's ``UpdateAllocatedResourcesStatus`` in
-``pkg/kubelet/cm/dra/manager.go``. For every container status whose container
-has ``resources.claims`` (containers without claims are left exactly as they
-are), each claim entry becomes one ``ResourceStatus``:
-
-- ``name`` is ``claim:<ref>`` or ``claim:<ref>/<request>``, where ``<ref>`` is
-  the *pod-level* claim reference name, not the ResourceClaim object's name;
-- its ``resources`` are rebuilt from scratch: one ``ResourceHealth`` per
-  device the claim entry sees (the request filter of ``claims``), with
-  ``resourceID`` the device's first CDI device ID, else
-  ``<driver>/<pool>/<device>``, except that devices of one claim sharing
-  their first CDI ID each get an ID of their own where the kubelet would
-  show one of them (``claims.own_resource_ids``); ``health`` ``Healthy``,
-  ``Unhealthy`` or ``Unknown``; ``message`` only when non-empty; duplicates
-  by ``resourceID`` dropped;
-- an entry left with no resources is removed; entries of unresolved claims
-  and entries we do not produce (device plugins) are kept untouched;
-- the list is sorted as the kubelet v1.38 sorts it: each entry's
-  ``resources`` by ``resourceID``, the entries by ``name``, byte order of the
-  UTF-8 text (Go's ``cmp.Compare`` on strings). Older kubelets keep insertion
-  order, which the API does not define (both lists are ``listType=map``), so
-  the sorted order is right beside them too. Every container status we
-  manage is sorted whole, device-plugin entries included, as the kubelet
-  does; an order-only difference is no reason to write (see :func:`merge`).
-
-Restartable init containers (sidecars) get the same treatment in
-``initContainerStatuses``, which the kubelet misses (kubernetes #139940).
-
-The pod condition (type from ``Settings.pod_condition_type``; ``""``
-disables it) summarises every device of the pod's claims: ``True`` when all
-are Healthy, ``False`` (reason ``DeviceUnhealthy``) when any is Unhealthy,
-``Unknown`` otherwise. The message carries each non-Healthy device's health
-(by section), name (:func:`device_name`) and message, so the health stays
-visible where ``allocatedResourcesStatus`` cannot (a kubelet with its
-``ResourceHealthStatus`` gate off removes the field and keeps our condition).
-The API sets no limit on a pod condition's message; ours is
-:data:`CONDITION_MESSAGE_MAX` bytes, and past it the devices that do not fit
-are left out, last first, with a count of them by health
-(:func:`build_condition`). ``lastTransitionTime`` moves only when the
-condition's status changes.
-
-A Job can act on it with ``podFailurePolicy``: a rule with
-``onPodConditions: [{type: DeviceHealthy, status: "False"}]`` and action
-``FailJob``, ``Ignore`` or ``Count`` matches a failed pod that carries the
-condition. The Job controller looks at the pod when it is terminal, so the
-condition must be there by then: the writer writes it as soon as a device
-turns Unhealthy, and keeps a terminated pod's devices long enough to write
-its post-mortem status (see ``kube``).
-
-The computation is split in two so the writer can re-apply after a conflict:
-:func:`desired_status` turns a pod, an index and device health into a
-:class:`Desired` value; :func:`merge` applies it to whatever status the API
-holds now and says whether anything changed. :func:`update_allocated_resources_status`
-composes both the way the kubelet's function behaves. :func:`merged_entries`
-and :func:`merged_condition` are the two steps of :func:`merge` for one
-container and for the condition; the writer's patch planning
-(``kube.patchplan``) calls them directly so a status is compared once.
+``pkg/kubelet/cm/dra/manager.go``. :func:`desired_status` turns a pod, a claim index and
+device health into a :class:`Desired` value (its docstring has the kubelet's rules);
+:func:`merge` applies it to whatever status the API holds now and says whether anything
+changed, so the writer can re-apply after a conflict. :func:`build_condition` is the pod
+condition. :func:`update_allocated_resources_status` composes both as the kubelet's function
+behaves; ``kube.patchplan`` calls :func:`merged_entries` and :func:`merged_condition`, the
+two steps of :func:`merge`, so a status is compared once.
 """
 
 from __future__ import annotations
@@ -170,7 +121,31 @@ def desired_status(
     with_message: bool = True,
     sidecars: bool = True,
 ) -> Desired:
-    """What ``pod``'s status should say about its devices at ``now``."""
+    """What ``pod``'s status should say about its devices at ``now``.
+
+    For every container status whose container has ``resources.claims`` (containers without
+    claims are left exactly as they are), each claim entry becomes one ``ResourceStatus``:
+
+    - ``name`` is ``claim:<ref>`` or ``claim:<ref>/<request>``, where ``<ref>`` is the
+      *pod-level* claim reference name, not the ResourceClaim object's name;
+    - its ``resources`` are rebuilt from scratch: one ``ResourceHealth`` per device the claim
+      entry sees (the request filter of ``claims``), with ``resourceID`` the device's first CDI
+      device ID, else ``<driver>/<pool>/<device>``, except that devices of one claim sharing
+      their first CDI ID each get an ID of their own where the kubelet would show one of them
+      (``claims.own_resource_ids``); ``health`` ``Healthy``, ``Unhealthy`` or ``Unknown``;
+      ``message`` only when non-empty; duplicates by ``resourceID`` dropped;
+    - an entry left with no resources is removed; entries of unresolved claims and entries we
+      do not produce (device plugins) are kept untouched;
+    - the list is sorted as the kubelet v1.38 sorts it: each entry's ``resources`` by
+      ``resourceID``, the entries by ``name``, byte order of the UTF-8 text (Go's
+      ``cmp.Compare`` on strings). Older kubelets keep insertion order, which the API does not
+      define (both lists are ``listType=map``), so the sorted order is right beside them too.
+      Every container status we manage is sorted whole, device-plugin entries included, as the
+      kubelet does; an order-only difference is no reason to write (see :func:`merge`).
+
+    Restartable init containers (sidecars) get the same treatment in ``initContainerStatuses``,
+    which the kubelet misses (kubernetes #139940).
+    """
     uid = podjson.uid(pod)
     view = _Viewer(health_of, now)
     containers: dict[tuple[str, str], dict[str, dict[str, Any] | None]] = {}
@@ -203,7 +178,25 @@ def pod_device_states(
 
 
 def build_condition(condition_type: str, states: Sequence[DeviceState]) -> dict[str, Any] | None:
-    """The condition for these devices, without ``lastTransitionTime`` (see :func:`merge`)."""
+    """The condition for these devices, without ``lastTransitionTime`` (see :func:`merge`).
+
+    The condition (type from ``Settings.pod_condition_type``; ``""`` disables it) summarises
+    every device of the pod's claims: ``True`` when all are Healthy, ``False`` (reason
+    ``DeviceUnhealthy``) when any is Unhealthy, ``Unknown`` otherwise. The message carries each
+    non-Healthy device's health (by section), name (:func:`device_name`) and message, so the
+    health stays visible where ``allocatedResourcesStatus`` cannot (a kubelet with its
+    ``ResourceHealthStatus`` gate off removes the field and keeps our condition). The API sets
+    no limit on a pod condition's message; ours is :data:`CONDITION_MESSAGE_MAX` bytes, and past
+    it the devices that do not fit are left out, last first, with a count of them by health.
+    ``lastTransitionTime`` moves only when the condition's status changes.
+
+    A Job can act on it with ``podFailurePolicy``: a rule with ``onPodConditions: [{type:
+    DeviceHealthy, status: "False"}]`` and action ``FailJob``, ``Ignore`` or ``Count`` matches a
+    failed pod that carries the condition. The Job controller looks at the pod when it is
+    terminal, so the condition must be there by then: the writer writes it as soon as a device
+    turns Unhealthy, and keeps a terminated pod's devices long enough to write its post-mortem
+    status.
+    """
     if not states:
         return None
     unhealthy = [s for s in states if s.health is models.HealthStatus.UNHEALTHY]

@@ -1,29 +1,11 @@
 """The taint bridge's reconcile loop: DeviceTaintRules for this node's unhealthy devices.
 
-No kubelet counterpart (the kubelet stops at pod status); the pattern is KEP-5055's
-"an external health monitor creates DeviceTaintRules". Off unless ``--taint-effect`` names
-an effect. :class:`TaintBridge` runs as one task of the manager:
-
-1. **Start**: load the tracks (``statefile``), wait until the streams are primed (the
-   manager starts it after ``startup_grace``), discover the API version (``kube.taintrules``)
-   and list this node's rules by label. If no version serves ``devicetaintrules``, or the
-   API answers 403 (RBAC or the admission policy), the bridge turns *off*: one log line,
-   the ``kubelet_dra_taint_bridge{state="off"}`` metric and a ``/readyz`` detail naming
-   what is missing. Health still reaches pods; the bridge retries silently every resync
-   interval and resumes if the API or the permission appears.
-2. **Observe**: every health change the pipeline sees (``observe``, called from the
-   manager's change callback) updates the device's :class:`policy.Track`.
-3. **Reconcile**: each round applies the thresholds (:func:`policy.step`), plans the
-   operations from the desired taints and this node's rules (:func:`planner.plan`),
-   sends them (:class:`RuleSync`), then saves the tracks. Rounds run on every change
-   (after the write window, so bursts coalesce), at the next threshold deadline, after a
-   failure (backoff 1 to 30 s, relisting first) and every resync interval (a relist
-   corrects what others changed).
-
-Only rules labelled with this node and ``managed-by: kubelet-dra-health`` are listed,
-changed or deleted; a name taken by someone else's rule makes the bridge use the hashed
-name. Requests share the status writer's QPS/burst budget (one ``kube.TokenBucket``): the
-bridge takes only spare tokens (``acquire(spare=True)``), so status writes go first.
+No kubelet counterpart (the kubelet stops at pod status); the pattern is KEP-5055's "an
+external health monitor creates DeviceTaintRules". Off unless ``--taint-effect`` names an
+effect. :class:`TaintBridge` runs as one task of the manager: start, observe, reconcile
+(its docstring has each step). Only rules labelled with this node and ``managed-by:
+kubelet-dra-health`` are touched, and the bridge takes only the status writer's spare API
+tokens.
 """
 
 from __future__ import annotations
@@ -253,7 +235,29 @@ class RuleSync:
 
 
 class TaintBridge:
-    """DeviceTaintRules for one node; see the module docstring. Run :meth:`run` as a task."""
+    """DeviceTaintRules for one node; see the module docstring. Run :meth:`run` as a task.
+
+    1. **Start**: load the tracks (``statefile``), wait until the streams are primed (the
+       manager starts it after ``startup_grace``), discover the API version (``kube.taintrules``)
+       and list this node's rules by label. If no version serves ``devicetaintrules``, or the
+       API answers 403 (RBAC or the admission policy), the bridge turns *off*: one log line,
+       the ``kubelet_dra_taint_bridge{state="off"}`` metric and a ``/readyz`` detail naming
+       what is missing. Health still reaches pods; the bridge retries silently every resync
+       interval and resumes if the API or the permission appears.
+    2. **Observe**: every health change the pipeline sees (``observe``, called from the
+       manager's change callback) updates the device's :class:`policy.Track`.
+    3. **Reconcile**: each round applies the thresholds (:func:`policy.step`), plans the
+       operations from the desired taints and this node's rules (:func:`planner.plan`),
+       sends them (:class:`RuleSync`), then saves the tracks. Rounds run on every change
+       (after the write window, so bursts coalesce), at the next threshold deadline, after a
+       failure (backoff 1 to 30 s, relisting first) and every resync interval (a relist
+       corrects what others changed).
+
+    Only rules labelled with this node and ``managed-by: kubelet-dra-health`` are listed,
+    changed or deleted; a name taken by someone else's rule makes the bridge use the hashed
+    name. Requests share the status writer's QPS/burst budget (one ``kube.TokenBucket``): the
+    bridge takes only spare tokens (``acquire(spare=True)``), so status writes go first.
+    """
 
     def __init__(
         self,

@@ -1,36 +1,11 @@
 """A real DRA driver for tests: registration, DRA stubs and a scriptable health service.
 
 The kubelet-side counterpart of the kubeletplugin helper
-(``k8s.io/dynamic-resource-allocation/kubeletplugin``) and of the e2e test
-driver's health control: it serves real gRPC (``grpc.aio``) on unix sockets so
-node agents, kubelets and this package can be tested end to end.
-
-Sockets: the registration socket is ``<registry>/<driver>-reg.sock``; the DRA
-socket is ``<plugin_dir>/dra.sock`` (default ``<registry>/../plugins/<driver>``),
-serving ``DRAPlugin`` (v1 and/or v1beta1) and the health service in the chosen
-versions (``v1``, ``v1alpha1``, both or none, or answering ``UNIMPLEMENTED``).
-
-In process::
-
-    async with FakeDriver(name="gpu.example.com", registry=reg_dir) as drv:
-        await drv.set_health({"pool": "p", "device": "gpu-0", "health": "Healthy"})
-        await drv.wait_for_streams(1)
-        drv.calls["NodeWatchResources/v1"]
-
-As a subprocess (``kubelet-dra-health fake-driver`` or
-``python -m kubelet_dra.testing.fakedriver``): the driver prints one JSON line
-``{"event": "ready", ...}`` on stdout, then serves a JSON-lines control socket
-(``--control PATH``, default ``<registry>/../<driver>-control.sock``). Each
-request is one line ``{"op": NAME, ...arguments}`` and gets one answer line
-``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``; :class:`FakeDriverClient`
-speaks it. Operations mirror the methods: ``set_health`` (``devices``,
-``resend``), ``push`` (``times``), ``silent`` (``value``), ``end_streams``
-(``code``, ``message``), ``restart``, ``calls``, ``status``, ``stop``.
-
-Devices are mappings in the interop driver's control-file format: ``pool``,
-``device``, ``health`` (``"Healthy"``/``"Unhealthy"``/``"Unknown"`` or a raw enum
-number, which may be invalid on purpose), ``message``, ``timeout_seconds``,
-``last_updated`` (Unix seconds; 0 = now). ``models.DeviceReport`` values work too.
+(``k8s.io/dynamic-resource-allocation/kubeletplugin``) and of the e2e test driver's health
+control: it serves real gRPC (``grpc.aio``) on unix sockets so node agents, kubelets and
+this package can be tested end to end. :class:`FakeDriver` runs it in process; as a
+subprocess (``kubelet-dra-health fake-driver``) it is scripted over a JSON-lines control
+socket that :class:`FakeDriverClient` speaks. ``FakeDriver``'s docstring has both.
 """
 
 from __future__ import annotations
@@ -134,6 +109,33 @@ class FakeDriver:
     ("failed registration process: <error>"). ``v1alpha1_message=False``
     leaves ``message`` out of v1alpha1 reports, as helpers up to 1.35 do (their
     v1alpha1 has no message field); the 1.37 helper sends it on both versions.
+
+    Sockets: the registration socket is ``<registry>/<driver>-reg.sock``; the DRA
+    socket is ``<plugin_dir>/dra.sock`` (default ``<registry>/../plugins/<driver>``),
+    serving ``DRAPlugin`` (v1 and/or v1beta1) and the health service in the chosen
+    versions (``v1``, ``v1alpha1``, both or none, or answering ``UNIMPLEMENTED``).
+
+    In process::
+
+        async with FakeDriver(name="gpu.example.com", registry=reg_dir) as drv:
+            await drv.set_health({"pool": "p", "device": "gpu-0", "health": "Healthy"})
+            await drv.wait_for_streams(1)
+            drv.calls["NodeWatchResources/v1"]
+
+    As a subprocess (``kubelet-dra-health fake-driver`` or
+    ``python -m kubelet_dra.testing.fakedriver``): the driver prints one JSON line
+    ``{"event": "ready", ...}`` on stdout, then serves a JSON-lines control socket
+    (``--control PATH``, default ``<registry>/../<driver>-control.sock``). Each
+    request is one line ``{"op": NAME, ...arguments}`` and gets one answer line
+    ``{"ok": true, ...}`` or ``{"ok": false, "error": ...}``; :class:`FakeDriverClient`
+    speaks it. Operations mirror the methods: ``set_health`` (``devices``,
+    ``resend``), ``push`` (``times``), ``silent`` (``value``), ``end_streams``
+    (``code``, ``message``), ``restart``, ``calls``, ``status``, ``stop``.
+
+    Devices are mappings in the interop driver's control-file format: ``pool``,
+    ``device``, ``health`` (``"Healthy"``/``"Unhealthy"``/``"Unknown"`` or a raw enum
+    number, which may be invalid on purpose), ``message``, ``timeout_seconds``,
+    ``last_updated`` (Unix seconds; 0 = now). ``models.DeviceReport`` values work too.
     """
 
     def __init__(
