@@ -1,30 +1,13 @@
 """kubelet-dra: the kubelet's DRA device-health pipeline (KEP-4680) in Python.
 
-The public surface is exactly two namespaces (``docs/library.md`` lists it
-with what each name is for):
-
-- ``kubelet_dra``: the names in :data:`__all__` below: the manager
-  (:class:`DRAHealthManager`, :class:`PodHealthUpdate`, :class:`Sidecar`,
-  :class:`SyncRunner`), its configuration (:class:`Settings`, :class:`Role`,
-  :class:`ContainerStatusMode`), the values it hands out (:class:`Desired`,
-  :class:`DeviceState`, :class:`DeviceKey`, :class:`DeviceReport`,
-  :class:`DeviceHealth`, :class:`HealthStatus`, :class:`Delta`), the one
-  status helper an agent needs (:func:`merge_pod_status`), the stages for
-  wiring your own pipeline (:class:`RegistryWatcher`, :class:`PluginManager`,
-  :class:`HealthCache`, :class:`HealthStore`, :class:`ClaimIndex`,
-  :class:`StatusWriter`, :class:`NodePods`), clocks and errors;
-- ``kubelet_dra.testing``: the test kit (``FakeDriver``, ``FakeDriverClient``,
-  ``FakeApiServer``, ``make_pod``, ``make_claim``).
-
-Every module is an implementation detail, including the ones without a
-leading underscore (``kubelet_dra.status.podstatus``, ``kubelet_dra.plugin.plugins``, ...):
-they may change between releases; import from the two namespaces above. The
-command line (``kubelet-dra-health``, ``python -m kubelet_dra``) is public
-through its flags, environment variables and exit codes, not its modules.
-
-The re-exports are imported on first use (PEP 562), so a command that needs
-one module (the ``kubectl dra-health`` plugin) does not import gRPC, SQLite
-and the pipeline.
+The public surface is exactly two namespaces, listed in ``docs/library.md``: ``kubelet_dra``
+(the names in :data:`__all__`: the manager, its configuration, the values it hands out, the
+one status helper an agent needs, the stages for wiring your own pipeline, clocks and
+errors) and ``kubelet_dra.testing`` (the test kit). Every module is an implementation
+detail, including those without a leading underscore: import from the two namespaces. The
+command line is public through its flags, environment variables and exit codes. The
+re-exports are imported on first use (PEP 562), so a command that needs one module (the
+``kubectl dra-health`` plugin) does not import gRPC, SQLite and the pipeline.
 """
 
 import importlib

@@ -167,7 +167,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     The other tools (demo, watch, the fake driver) import the test kit and
     YAML at module level; a sidecar that starts with ``run`` must not pay for
-    them (measured: about a tenth of a restart's time to ready).
+    them (about a tenth of a restart's time to ready).
     """
     parser = _Parser(
         prog="kubelet-dra-health",

@@ -1,6 +1,4 @@
-"""The errors kubelet-dra raises, as one shallow tree.
-
-::
+"""The errors kubelet-dra raises, as one shallow tree::
 
     KubeletDraError
     ├── ConfigError          bad flags, settings or kubeconfig (the CLI exits 2)
@@ -10,10 +8,9 @@
     └── ApiError             the Kubernetes API failed; .status is the HTTP code
         └── PodGone          the pod no longer exists (writes to it stop)
 
-Foreign exceptions (grpc, kubernetes, sqlite3) are re-raised as one of these
-with the original chained as ``__cause__``, so callers never import the
-libraries we wrap to catch our failures. :func:`drop_frames` is applied to the
-foreign exception first, so that a failure leaves no reference cycle behind.
+Foreign exceptions (grpc, kubernetes, sqlite3) are re-raised as one of these with the
+original chained as ``__cause__``, after :func:`drop_frames`, so callers never import the
+libraries we wrap and a failure leaves no reference cycle behind.
 """
 
 from __future__ import annotations

@@ -2,28 +2,10 @@
 
 Counterpart of the kubelet's DRA manager construction and wiring
 (``pkg/kubelet/cm/dra/manager.go`` ``NewManager``/``Start`` and
-``container_manager_linux.go``), for two kinds of users:
-
-- the **sidecar** (:class:`kubelet_dra.sidecar.Sidecar`, ``kubelet-dra-health
-  run``): observer role, claims and pods from the API, our status writer,
-  metrics server;
-- a **node agent** that owns pod status: claims added programmatically
-  (:attr:`DRAHealthManager.index`, :meth:`DRAHealthManager.set_pod`) and a
-  callback that receives each pod's desired ``allocatedResourcesStatus`` and
-  condition (:class:`kubelet_dra.agentpods.PodHealthUpdate`), coalesced like
-  the writer's (:class:`kubelet_dra.agentpods.AgentPods`); agents that are not
-  async run it with :class:`kubelet_dra.syncrunner.SyncRunner`.
-
-The health cache and the plugin manager are built once, in the constructor,
-and never replaced: whoever holds ``manager.cache`` or ``manager.plugins``
-before :meth:`DRAHealthManager.start` holds the live objects. ``start`` loads
-the state file into that cache and attaches the file as its sink.
-
-Start order: state file, cache, streams (with the lease-deadline task), API
-watches and writer, then the registry. Stop order is the reverse *except* that
-the writer and the state file are closed before the streams are cancelled:
-stopping the sidecar is not a driver failure and must not write ``Unknown``
-into pods or into the state file.
+``container_manager_linux.go``), for two kinds of users: the **sidecar**
+(:class:`kubelet_dra.sidecar.Sidecar`, claims and pods from the API, our status writer) and
+a **node agent** that owns pod status (claims added programmatically, a callback that
+receives each pod's desired status). :class:`DRAHealthManager` has the start and stop order.
 """
 
 from __future__ import annotations
@@ -65,6 +47,27 @@ class DRAHealthManager:
     the callback (a node agent owns the API writes); without it, it watches
     the node's pods and claims through the Kubernetes API and writes status
     itself (``api_client`` or ``settings.kubeconfig``/in-cluster config).
+
+    - the **sidecar** (:class:`kubelet_dra.sidecar.Sidecar`, ``kubelet-dra-health
+      run``): observer role, claims and pods from the API, our status writer,
+      metrics server;
+    - a **node agent** that owns pod status: claims added programmatically
+      (:attr:`DRAHealthManager.index`, :meth:`DRAHealthManager.set_pod`) and a
+      callback that receives each pod's desired ``allocatedResourcesStatus`` and
+      condition (:class:`kubelet_dra.agentpods.PodHealthUpdate`), coalesced like
+      the writer's (:class:`kubelet_dra.agentpods.AgentPods`); agents that are not
+      async run it with :class:`kubelet_dra.syncrunner.SyncRunner`.
+
+    The health cache and the plugin manager are built once, in the constructor,
+    and never replaced: whoever holds ``manager.cache`` or ``manager.plugins``
+    before :meth:`DRAHealthManager.start` holds the live objects. ``start`` loads
+    the state file into that cache and attaches the file as its sink.
+
+    Start order: state file, cache, streams (with the lease-deadline task), API
+    watches and writer, then the registry. Stop order is the reverse *except* that
+    the writer and the state file are closed before the streams are cancelled:
+    stopping the sidecar is not a driver failure and must not write ``Unknown``
+    into pods or into the state file.
     """
 
     def __init__(

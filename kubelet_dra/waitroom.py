@@ -3,16 +3,9 @@
 No kubelet file mirrors this: the kubelet serves its ports with Go's ``net/http``, where an
 idle connection costs a parked goroutine of a few kilobytes. ``http.server`` costs a thread
 per connection, and starting a thousand threads on a loaded node takes seconds, during which
-a scrape that arrived after them waits its turn (issue 22's hostile neighbours; the CI run
-that saw a probe time out behind 1,000 idle connections). So a connection gets a thread only
-once it has something to read: until then one thread watches every waiting connection with
-the OS selector (epoll), and closes those that send nothing within the timeout.
-
-The owner gives three callbacks: ``ready`` (bytes or EOF arrived: serve it), ``idle`` (the
-timeout passed first: count and close it) and ``drop`` (the room is closing: close it).
-Each is called on the room's thread, once per connection, and owns the socket afterwards.
-Time is injected (``clock``) so that the deadlines' order can be tested without sleeping;
-the selector's wait itself is real.
+a scrape waits its turn. So a connection gets a thread only once it has something to read:
+until then one thread watches every waiting connection with the OS selector (epoll), and
+closes those that send nothing within the timeout. :class:`WaitingRoom` has its callbacks.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Blocking calls to the Kubernetes API on plain JSON, errors translated.
 
-The package's one API layer: the error translation (:func:`translate`), the call
-wrapper and the paging helper (:func:`pages`) that ``kube.taintrules`` and the
-kubectl plugin use too. With ``kube.asyncpatch`` (which reads the same client's
-``Configuration``), ``kubectl/`` and ``testing/``, the only code importing
-``kubernetes`` (an import-linter contract in pyproject.toml says so).
-Every call asks the official client for the raw response
-(``_preload_content=False``) and decodes the JSON itself, so no ``V1Pod``
-ever exists and fields the client's models do not know (a newer API's
-``allocatedResourcesStatus.message``, say) survive untouched.
-
-Client exceptions become :class:`CallError` (an ``errors.ApiError`` with the
-HTTP status, ``None`` for a lost connection, ``Retry-After`` when the server
-sent one, and the server's own message); a 404 on a pod becomes ``errors.PodGone``. Which failures
-are worth retrying is said once, by :func:`is_transient`. The callers in
-``kube.pods`` and ``kube.writer`` run these through ``asyncio.to_thread``,
-except the pod status PATCH, which :meth:`Api.json_patch_pod_status_async`
-sends from the event loop (``kube.asyncpatch``) with the same errors.
+The package's one API layer: the error translation (:func:`translate`), the call wrapper
+(:class:`Api`) and the paging helper (:func:`pages`) that ``kube.taintrules`` and the
+kubectl plugin use too. Every call asks the official client for the raw response and
+decodes the JSON itself, so no ``V1Pod`` ever exists and fields the client's models do not
+know survive untouched. :class:`Api` says how errors are translated and which are retried.
 """
 
 from __future__ import annotations
@@ -157,6 +145,14 @@ class Api:
     with pydantic on each call, which a profile of the report -> PATCH path
     showed. Authentication, TLS, the proxy and the token refresh
     hook are still the client's.
+
+    Client exceptions become :class:`CallError` (an ``errors.ApiError`` with the
+    HTTP status, ``None`` for a lost connection, ``Retry-After`` when the server
+    sent one, and the server's own message); a 404 on a pod becomes ``errors.PodGone``.
+    Which failures are worth retrying is said once, by :func:`is_transient`. The callers in
+    ``kube.pods`` and ``kube.writer`` run these through ``asyncio.to_thread``,
+    except the pod status PATCH, which :meth:`Api.json_patch_pod_status_async`
+    sends from the event loop (``kube.asyncpatch``) with the same errors.
     """
 
     def __init__(self, client: kubernetes.client.ApiClient, *, async_patch: bool = True) -> None:

@@ -65,7 +65,7 @@ class _Tls:
     Not asyncio's SSL transport (``open_connection(ssl=...)``): its protocol
     (``asyncio.sslproto.SSLProtocol``) allocates a 256 KiB read buffer per
     connection and keeps it for the connection's life, so a pool of 8 idle
-    connections held 2 MiB (the soak's memray window, docs/memory.md), and a
+    connections held 2 MiB (docs/memory.md), and a
     connection that failed kept it in a reference cycle until a full garbage
     collection. Here a connection keeps OpenSSL's state and what arrived and
     was not read yet; a read takes at most one TLS record's plaintext

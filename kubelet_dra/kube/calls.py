@@ -112,7 +112,7 @@ class RetryingCaller:
     (the status PATCH, ``Api.json_patch_pod_status_async``). The first attempt
     is made without building tenacity's retry state: nearly every call
     succeeds at once, and that set-up was a tenth of a status write's time on
-    the event loop (profiled). A transient failure goes on under tenacity with
+    the event loop. A transient failure goes on under tenacity with
     the same attempts, backoff and counts.
     """
 

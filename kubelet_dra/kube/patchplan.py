@@ -1,24 +1,10 @@
 """Planning a pod status write as a JSON patch that tests what it assumes; pure.
 
-Part of ``kube`` (the status writer sends what this plans). Kubelet
-counterpart: ``pkg/util/pod`` ``PreparePatchBytesForPodStatus``, which diffs
-the old and new status into a strategic merge patch; we diff once into a JSON
-patch (RFC 6902) instead:
-
-- only ``allocatedResourcesStatus`` of each changed container status is
-  sent, with a ``test`` of the container's name at that index and of the
-  entries it replaces, so a concurrent writer's other fields and entries are
-  never clobbered and a kubelet updating restart counts is no conflict;
-- our condition replaces the one of its type at a tested index; only adding
-  a first condition (no list or no such type yet) is guarded by the
-  resourceVersion;
-- the first operation tests the pod UID: a pod replaced under the same name
-  never receives the old pod's status.
-
-A refused patch (422) is either a failed ``test`` (someone wrote first:
-re-read, re-plan) or the server refusing the content: :func:`assumptions_hold`
-on the re-read pod tells which. The status is compared once, here, through
-``podstatus.merged_entries`` and ``podstatus.merged_condition``.
+Part of ``kube`` (the status writer sends what this plans). Kubelet counterpart:
+``pkg/util/pod`` ``PreparePatchBytesForPodStatus``, which diffs the old and new status into a
+strategic merge patch; :func:`plan` diffs once into a JSON patch (RFC 6902) instead, sending
+only what changed and testing what it assumes (its docstring has the rules).
+:func:`assumptions_hold` tells a failed ``test`` from a refused content.
 """
 
 from __future__ import annotations
@@ -77,6 +63,23 @@ def plan(
     ``--container-status`` mode, an empty condition type). Like
     ``podstatus.merge``, a container status that does not exist is never
     added: the kubelet owns the list.
+
+    The patch is a JSON patch (RFC 6902):
+
+    - only ``allocatedResourcesStatus`` of each changed container status is
+      sent, with a ``test`` of the container's name at that index and of the
+      entries it replaces, so a concurrent writer's other fields and entries are
+      never clobbered and a kubelet updating restart counts is no conflict;
+    - our condition replaces the one of its type at a tested index; only adding
+      a first condition (no list or no such type yet) is guarded by the
+      resourceVersion;
+    - the first operation tests the pod UID: a pod replaced under the same name
+      never receives the old pod's status.
+
+    A refused patch (422) is either a failed ``test`` (someone wrote first:
+    re-read, re-plan) or the server refusing the content: :func:`assumptions_hold`
+    on the re-read pod tells which. The status is compared once, here, through
+    ``podstatus.merged_entries`` and ``podstatus.merged_condition``.
     """
     status = podjson.status(pod)
     ops: list[dict[str, Any]] = [_test("/metadata/uid", podjson.metadata(pod).get("uid"))]

@@ -1,15 +1,10 @@
 """The node's pods (list + watch, field selector) and the claims they reference (GET each).
 
-Part of ``kube`` (see the package docstring for the wiring). Kubelet
-counterpart: the pod manager's view of the node's pods (its pod config
-source), with one GET per referenced ResourceClaim instead of an informer.
-
-After a broken watch the node waits before it lists again, with full jitter
-(a uniform draw between 0 and the doubling step, from an injected
-``random.Random``), so that when an apiserver restart breaks every node's
-watch at once the fleet's relists spread over the step instead of arriving
-together (client-go's reflector jitters its relist backoff too,
-with a wait between the step and twice it).
+Part of ``kube``. Kubelet counterpart: the pod manager's view of the node's pods (its pod
+config source), with one GET per referenced ResourceClaim instead of an informer
+(:class:`NodePods`). After a broken watch the node waits before it lists again with full
+jitter (:func:`relist_delay`), so that when an apiserver restart breaks every node's watch
+at once the fleet's relists spread over the step instead of arriving together.
 """
 
 from __future__ import annotations
@@ -47,7 +42,16 @@ def relist_delay(step: float, rng: random.Random) -> float:
 
 
 class NodePods:
-    """The node's pods (list + watch) and the claims they reference (GET each)."""
+    """The node's pods (list + watch) and the claims they reference (GET each).
+
+    Pods are listed and watched with ``spec.nodeName=<node>`` (field selector; 410 Gone
+    relists) and fed to the claim index and the status writer. For each claim those pods
+    reference it GETs that one ResourceClaim, retrying while it is missing or not allocated
+    yet. There is no cluster-wide claim list or watch: the API load of a node grows with its
+    own pods only. No per-claim watch is needed either: a claim reserved for a pod that runs on
+    this node cannot change its allocation until the pod is gone, and a pod that references a
+    new claim arrives through the pod watch.
+    """
 
     def __init__(
         self,
@@ -128,7 +132,7 @@ class NodePods:
         the whole list decoded at once (30 pods of 4 KB: 0.7 MB at the peak,
         ``python -m benchmarks.relistburst``) can need fresh allocator arenas, and the
         few objects that outlive it (the pods that had changed) keep those pages resident
-        for the rest of the process's life (the soak's RSS step at a broken watch;
+        for the rest of the process's life (an RSS step at every broken watch;
         docs/memory.md). A page at a time, only one page's objects are alive at once.
         Each page is applied as it comes: the pages are one snapshot, so applying them in
         turn is applying the list. If the snapshot expires between pages (410 on a

@@ -1,24 +1,10 @@
 """What the status writer keeps per pod, in one object, and the table of them; pure.
 
-Part of ``kube``. Kubelet counterpart: the status manager's ``podStatuses``
-map (``pkg/kubelet/status/status_manager.go``), one versioned status per pod
-UID. Here one :class:`PodState` holds everything the writer knows about a pod:
-its newest copy, when it is due, its last write, its failure streak, its
-post-mortem record, whether the kubelet owns its device entries, and the
-device health its events last announced. Forgetting a pod is dropping one
-entry (:meth:`PodStates.drop`).
-
-Scheduling is pure arithmetic on times the caller passes: the write window is
-leading-edge per pod (:meth:`PodStates.mark_dirty`), a pod whose write
-failed transiently is retried after :func:`failure_backoff`, and with
-``--container-status on`` a field the kubelet removed or rewrote is written
-again only after :func:`removal_backoff` (:meth:`PodState.taken_back`).
-
-Who else touches the field is read from pod versions by :func:`kubelet_verdict`
-(``--container-status``, four cases): the kubelet writes it,
-the kubelet removes it, or nobody touches it. The fourth, the API server
-dropping it, shows in our own write's answer (``kube.gates``), so what we wrote
-is recorded from that answer and a dropped field is never taken for a removal.
+Part of ``kube``. Kubelet counterpart: the status manager's ``podStatuses`` map
+(``pkg/kubelet/status/status_manager.go``), one versioned status per pod UID. One
+:class:`PodState` holds everything the writer knows about a pod; :class:`PodStates` is the
+table and its scheduling, pure arithmetic on times the caller passes (its docstring says how).
+:func:`kubelet_verdict` reads from pod versions who else touches the field.
 """
 
 from __future__ import annotations
@@ -133,9 +119,9 @@ class PodState:
     def sent(self, entries: Iterable[Sent]) -> None:
         """A write is on its way with these entries: until its answer, a version showing
         them is ours. The answer can be lost after the server applied the write (a reset
-        or a stalled connection; the soak's fault proxy): the retry's ``test`` then fails,
+        or a stalled connection): the retry's ``test`` then fails,
         the re-read shows our own entries, and reading them as a change by someone else
-        left the field to "the kubelet" for good (a lost final state in the soak)."""
+        left the field to "the kubelet" for good (a lost final state)."""
         for item in entries:
             self.unconfirmed.pop(item, None)
             self.unconfirmed[item] = None
@@ -168,7 +154,26 @@ class PodState:
 
 
 class PodStates:
-    """Every pod the writer knows, by UID, and which of them are dirty."""
+    """Every pod the writer knows, by UID, and which of them are dirty.
+
+    One :class:`PodState` holds everything the writer knows about a pod:
+    its newest copy, when it is due, its last write, its failure streak, its
+    post-mortem record, whether the kubelet owns its device entries, and the
+    device health its events last announced. Forgetting a pod is dropping one
+    entry (:meth:`PodStates.drop`).
+
+    Scheduling is pure arithmetic on times the caller passes: the write window is
+    leading-edge per pod (:meth:`PodStates.mark_dirty`), a pod whose write
+    failed transiently is retried after :func:`failure_backoff`, and with
+    ``--container-status on`` a field the kubelet removed or rewrote is written
+    again only after :func:`removal_backoff` (:meth:`PodState.taken_back`).
+
+    Who else touches the field is read from pod versions by :func:`kubelet_verdict`
+    (``--container-status``, four cases): the kubelet writes it,
+    the kubelet removes it, or nobody touches it. The fourth, the API server
+    dropping it, shows in our own write's answer (``kube.gates``), so what we wrote
+    is recorded from that answer and a dropped field is never taken for a removal.
+    """
 
     def __init__(self) -> None:
         self._states: dict[str, PodState] = {}

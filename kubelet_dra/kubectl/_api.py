@@ -1,17 +1,9 @@
 """Read-only calls of ``kubectl dra-health`` on plain JSON through the official client.
 
-Every request goes through ``kube.api.Api`` (the package's one API layer: the client's low
-level ``param_serialize`` and ``call_api``, so its authentication, TLS and proxy settings
-apply, and one error translation) and the body is decoded with ``json``, so no model object
-is built: deserializing 10,000 ``V1Pod`` models took longer than the whole table may. Only
-GET is ever sent. Pods are listed in pages of ``limit`` items (kubectl's chunk size, 500)
-following ``continue`` (``kube.api.pages``), with the field selector the command asks for;
-the DeviceTaintRule version is the one ``kube.taintrules.discover_with`` finds.
-
-Errors (``kube.CallError``) become :class:`ToolError`, a one-line message: an unreachable
-server, 401, 403 and any other answer the command cannot do without. :meth:`Reader.claim`
-answers ``None`` for a claim that is gone, and :meth:`Reader.taint_rules` ``None`` when no
-DeviceTaintRule version is served or reading them is forbidden: both only leave columns empty.
+Every request goes through ``kube.api.Api`` (the package's one API layer, so the client's
+authentication, TLS and proxy settings apply, and one error translation) and the body is
+decoded with ``json``, so no model object is built. Only GET is ever sent. :class:`Reader`
+says how pods are paged and which errors leave only columns empty.
 """
 
 from __future__ import annotations
@@ -137,7 +129,17 @@ class NotFound(HttpError):
 
 
 class Reader:
-    """GETs against one API server."""
+    """GETs against one API server.
+
+    Pods are listed in pages of ``limit`` items (kubectl's chunk size, 500)
+    following ``continue`` (``kube.api.pages``), with the field selector the command asks for;
+    the DeviceTaintRule version is the one ``kube.taintrules.discover_with`` finds.
+
+    Errors (``kube.CallError``) become :class:`ToolError`, a one-line message: an unreachable
+    server, 401, 403 and any other answer the command cannot do without. :meth:`Reader.claim`
+    answers ``None`` for a claim that is gone, and :meth:`Reader.taint_rules` ``None`` when no
+    DeviceTaintRule version is served or reading them is forbidden: both only leave columns empty.
+    """
 
     def __init__(self, client: kubernetes.client.ApiClient, *, page_size: int = PAGE_SIZE) -> None:
         self._client = client

@@ -1,19 +1,8 @@
 """Where ``kubectl dra-health`` connects: kubeconfig files as kubectl merges them, or in-cluster.
 
 Follows client-go's loading rules (``clientcmd.ClientConfigLoadingRules``), which the Python
-client's own merger does not (it lets the last file's ``current-context`` win):
-
-- ``--kubeconfig FILE``: that file only (it must exist);
-- else ``KUBECONFIG``, a list separated by ``os.pathsep``: files that exist are merged, the
-  first file to define a cluster, user or context name wins it, and the first
-  ``current-context`` set wins; relative certificate, key and token file paths are resolved
-  against the directory of the file that names them;
-- else ``~/.kube/config`` if it exists;
-- when that gives no configuration: the in-cluster service account (``KUBERNETES_SERVICE_HOST``
-  and the token mounted in the pod); else an error.
-
-``--context`` picks another context. The namespace is ``-n``, else the context's, else (in a
-cluster) ``POD_NAMESPACE`` or the service account's namespace file, else ``default``.
+client's own merger does not (it lets the last file's ``current-context`` win).
+:func:`connect` has the order of the sources and how the namespace is chosen.
 """
 
 from __future__ import annotations
@@ -52,6 +41,20 @@ def connect(
     environ: Mapping[str, str] = os.environ,
     serviceaccount_dir: pathlib.Path = SERVICE_ACCOUNT_DIR,
 ) -> Connection:
+    """The API server and credentials to use, in client-go's order of sources:
+
+    - ``--kubeconfig FILE``: that file only (it must exist);
+    - else ``KUBECONFIG``, a list separated by ``os.pathsep``: files that exist are merged, the
+      first file to define a cluster, user or context name wins it, and the first
+      ``current-context`` set wins; relative certificate, key and token file paths are resolved
+      against the directory of the file that names them;
+    - else ``~/.kube/config`` if it exists;
+    - when that gives no configuration: the in-cluster service account (``KUBERNETES_SERVICE_HOST``
+      and the token mounted in the pod); else an error.
+
+    ``--context`` picks another context. The namespace is ``-n``, else the context's, else (in a
+    cluster) ``POD_NAMESPACE`` or the service account's namespace file, else ``default``.
+    """
     files = _config_files(kubeconfig, environ)
     merged = merge_files(files)
     if _is_empty(merged) and context is None:

@@ -52,7 +52,7 @@ docs/reliability.md "Power loss")."""
 # value is JSON text formatted here (_value_text): any valid JSON object reads
 # back the same. An existing row is updated in place (ON CONFLICT DO UPDATE),
 # not deleted and inserted again as REPLACE does (which also rewrites the key
-# index). Measured (issue 15), CPU for a flush of 10,000 rows: 115 ms with
+# index). CPU for a flush of 10,000 rows: 115 ms with
 # per-row dicts, json.dumps and json_each; 65 ms formatted and bound with
 # REPLACE; 40 ms with the in-place update. sqlitedict's own update() is a
 # queue round trip per row.
@@ -609,7 +609,7 @@ def gc_paused() -> Iterator[None]:
 
     A 100,000-device load allocates about half a million dicts and tuples,
     none in a cycle; the collector's full passes over them cost a third of
-    the load (issue 15: 800 against 400-460 ms of CPU). Start-up only, and
+    the load (800 against 400-460 ms of CPU). Start-up only, and
     only for as long as the load (or the cache's, ``manager``) runs.
     """
     enabled = gc.isenabled()

@@ -344,8 +344,7 @@ def _restartable(container: Obj) -> bool:
 class ClaimIndex:
     """Device <-> (pod, container, claim reference, request), updated incrementally.
 
-    The index is pure: it holds plain
-    values, does no I/O and is fed in two ways:
+    The index is pure: it holds plain values, does no I/O and is fed in two ways:
 
     1. from the API (the sidecar): pods as plain dicts (:meth:`ClaimIndex.set_pod`)
        and the ``resource.k8s.io/v1`` ResourceClaims they reference

@@ -1,24 +1,11 @@
 """The taint bridge's policy: when a device should carry a taint, and which (pure).
 
-No kubelet counterpart: the kubelet stops at ``allocatedResourcesStatus``. This module is
-pure (``now`` is always an argument, nothing is read or written); ``loop`` runs it
-against the health cache, ``planner`` turns its decisions into DeviceTaintRules.
-
-Per device it keeps a :class:`Track`: the health the device shows, since when it shows it
-without interruption, and the taint the bridge decided on (if any). :func:`step` applies
-the thresholds:
-
-- untainted, ``Unhealthy`` for ``taint_after`` seconds without interruption: taint with
-  value ``Unhealthy``; ``Unknown`` for ``taint_unknown_after`` (if set): value ``Unknown``;
-- tainted, ``Healthy`` for ``untaint_after`` seconds without interruption: untaint;
-- tainted ``Unknown`` and then ``Unhealthy`` for ``taint_after``: the value becomes
-  ``Unhealthy``. ``Unknown`` never replaces ``Unhealthy``: it says nothing new about a
-  device known to be broken.
-
-Every change of health restarts the clock, so a device that flaps faster than the
-thresholds never changes its taint: no rule churn. The driver's message is the one of the
-moment of the decision; later messages do not rewrite the rule (drivers put counters and
-temperatures in messages).
+No kubelet counterpart: the kubelet stops at ``allocatedResourcesStatus``. Pure (``now`` is
+always an argument, nothing is read or written); ``loop`` runs it against the health cache,
+``planner`` turns its decisions into DeviceTaintRules. Per device it keeps a :class:`Track`,
+and :func:`step` applies the thresholds (its docstring has them). Every change of health
+restarts the clock, so a device that flaps faster than the thresholds never changes its
+taint: no rule churn.
 """
 
 from __future__ import annotations
@@ -78,7 +65,24 @@ def observe(track: Track | None, health: models.HealthStatus, now: float) -> Tra
 def step(
     track: Track, thresholds: Thresholds, now: float, message: str = ""
 ) -> tuple[Track, float | None]:
-    """Apply the thresholds at ``now``: the new track and when to look again (or ``None``)."""
+    """Apply the thresholds at ``now``: the new track and when to look again (or ``None``).
+
+    Per device it keeps a :class:`Track`: the health the device shows, since when it shows it
+    without interruption, and the taint the bridge decided on (if any). :func:`step` applies
+    the thresholds:
+
+    - untainted, ``Unhealthy`` for ``taint_after`` seconds without interruption: taint with
+      value ``Unhealthy``; ``Unknown`` for ``taint_unknown_after`` (if set): value ``Unknown``;
+    - tainted, ``Healthy`` for ``untaint_after`` seconds without interruption: untaint;
+    - tainted ``Unknown`` and then ``Unhealthy`` for ``taint_after``: the value becomes
+      ``Unhealthy``. ``Unknown`` never replaces ``Unhealthy``: it says nothing new about a
+      device known to be broken.
+
+    Every change of health restarts the clock, so a device that flaps faster than the
+    thresholds never changes its taint: no rule churn. The driver's message is the one of the
+    moment of the decision; later messages do not rewrite the rule (drivers put counters and
+    temperatures in messages).
+    """
     held = now - track.since
     health = models.HealthStatus
     if track.taint is None:

@@ -1,37 +1,13 @@
 """The public test kit: a real DRA driver and an API-server stand-in.
 
-Public names (:data:`__all__`; the modules behind them are private):
-
-- :class:`FakeDriver`: registration socket, DRA service and a scriptable
-  health service (v1, v1alpha1, both, none, or UNIMPLEMENTED) over real gRPC
-  on unix sockets; also runnable as ``kubelet-dra-health fake-driver``;
-- :class:`FakePodResources` (:class:`PodResourcesDevice`): the kubelet's PodResources
-  API (``List``, ``Get``) over real gRPC on a unix socket, answering claims as the
-  kubelet does, with or without dynamic resources, or ``UNIMPLEMENTED``;
-- :class:`FakeDriverClient`: scripts such a subprocess through its JSON-lines
-  control socket;
-- :class:`FakeApiServer`: a real HTTP server the official ``kubernetes``
-  client talks to, with the API's patch semantics, resourceVersion conflicts,
-  watches and fault injection; :func:`make_pod` and :func:`make_claim` build
-  the objects it serves (:class:`PodClaim` and :class:`Container` shape a pod's
-  claims and containers);
-- :func:`eventually` (and :func:`eventually_sync` without an event loop):
-  wait for a condition on real time; a timeout says what was waited for and
-  what was seen last;
-- :func:`pod_device_health` (:class:`PodDeviceHealth`, :class:`DeviceHealthEntry`):
-  read a pod's ``allocatedResourcesStatus`` and device condition;
-- :func:`socket_dir`, :func:`make_settings` and :class:`PodStore`: a short socket
-  directory, ``Settings`` rooted in it, a node agent's pods for the manager's callback.
-
-The pytest plugin (``kubelet_dra.testing.pytest_plugin``, loaded through the
-``pytest11`` entry point ``kubelet_dra``) gives all of it as ``kdra_*`` fixtures.
-Our own integration tests, the demo and the benchmarks use exactly these, so
-other projects can test their node agents and kubelets with them too.
-
-The names are imported on first use (PEP 562, as in ``kubelet_dra``): pytest loads
-the plugin module, and with it this package, in every run where the package is
-installed, and a run that uses no fixture of the kit must not pay for gRPC and the
-kubernetes client.
+Public names (:data:`__all__`; the modules behind them are private): :class:`FakeDriver` and
+:class:`FakeDriverClient` (a scriptable driver over real gRPC, in process or as a
+subprocess), :class:`FakePodResources` (the kubelet's PodResources API), :class:`FakeApiServer`
+with :func:`make_pod` and :func:`make_claim`, :func:`eventually`, :func:`pod_device_health`,
+:func:`socket_dir`, :func:`make_settings` and :class:`PodStore`. The pytest plugin gives them as
+``kdra_*`` fixtures; ``docs/drivers.md`` says what each is for. The names are imported on
+first use (PEP 562): pytest loads the plugin, and with it this package, in every run where the
+package is installed, and a run that uses none of the kit must not pay for gRPC.
 """
 
 import importlib

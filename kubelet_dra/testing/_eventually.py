@@ -1,20 +1,9 @@
 """``eventually``: wait for a condition in a test, and say what was waited for on failure.
 
-No kubelet counterpart (the kubelet's tests use gomega's ``Eventually``; this is
-the same idea, written for pytest). Integration tests watch real processes and
-real sockets, so they poll on real time; unit tests advance a ``FakeClock``
-instead and need none of this.
-
-The predicate decides by truthiness. An exception of a ``retry_on`` type (by
-default ``AssertionError`` and ``LookupError``: a ``KeyError`` or ``IndexError``
-of a predicate reading an object that is not there yet) is "not yet" too; any
-other exception fails at once, as a bug in the predicate should. What it
-returned last (or the exception it raised last) is "what was seen" in the
-failure, so a predicate that returns the observed value, or asserts with a
-message, makes a timeout self-explanatory::
-
-    await eventually(lambda: health_of(api, "train-a") or None, what="a health entry")
-    await eventually(lambda: api.get_pod("default", "p")["status"]["containerStatuses"][0])
+No kubelet counterpart (the kubelet's tests use gomega's ``Eventually``; this is the same
+idea, written for pytest). Integration tests watch real processes and real sockets, so they
+poll on real time; unit tests advance a ``FakeClock`` instead and need none of this.
+:func:`eventually` says how a predicate decides and what a timeout reports.
 """
 
 from __future__ import annotations
@@ -151,6 +140,17 @@ async def eventually(
     counts as "not yet"; any other propagates at once. After ``timeout`` real seconds
     raise ``AssertionError`` naming ``what`` (default: the predicate's source) and the
     last value or exception seen (chained to it).
+
+    The predicate decides by truthiness. An exception of a ``retry_on`` type (by
+    default ``AssertionError`` and ``LookupError``: a ``KeyError`` or ``IndexError``
+    of a predicate reading an object that is not there yet) is "not yet" too; any
+    other exception fails at once, as a bug in the predicate should. What it
+    returned last (or the exception it raised last) is "what was seen" in the
+    failure, so a predicate that returns the observed value, or asserts with a
+    message, makes a timeout self-explanatory::
+
+        await eventually(lambda: health_of(api, "train-a") or None, what="a health entry")
+        await eventually(lambda: api.get_pod("default", "p")["status"]["containerStatuses"][0])
     """
     wait = _Wait(predicate, what, timeout, retry_on)
     while True:

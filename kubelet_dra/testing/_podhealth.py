@@ -2,16 +2,9 @@
 
 The reading side of what the kubelet writes in ``pkg/kubelet/cm/dra/manager.go``
 (``UpdateAllocatedResourcesStatus``: one ``allocatedResourcesStatus`` entry
-``claim:<claim>[/<request>]`` per claim a container uses, each resource with its
-``resourceID``, ``health`` and ``message``) plus the pod condition we add
-(``DeviceHealthy`` by default; docs/pod-status.md). Device-plugin entries (not
-``claim:``) are left out: they are not DRA health.
-
-A test asserts on the result instead of walking the status by hand::
-
-    health = pod_device_health(api.get_pod("default", "train"))
-    assert health.of("gpu.example.com/node-1/gpu-0") == "Unhealthy"
-    assert health.condition_status == "False"
+``claim:<claim>[/<request>]`` per claim a container uses) plus the pod condition we add
+(``DeviceHealthy`` by default). Device-plugin entries (not ``claim:``) are left out: they
+are not DRA health.
 """
 
 from __future__ import annotations
@@ -64,6 +57,12 @@ def pod_device_health(
     """Read ``pod`` (a dict as the API returns it, or the official client's ``V1Pod``).
 
     ``condition_type`` is the manager's ``Settings.pod_condition_type``.
+
+    A test asserts on the result instead of walking the status by hand::
+
+        health = pod_device_health(api.get_pod("default", "train"))
+        assert health.of("gpu.example.com/node-1/gpu-0") == "Unhealthy"
+        assert health.condition_status == "False"
     """
     obj = pod if isinstance(pod, Mapping) else _to_json(pod)
     status = podjson.status(obj)

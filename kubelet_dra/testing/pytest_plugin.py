@@ -1,34 +1,12 @@
-"""The test kit as a pytest plugin: fixtures for a driver's or a node agent's tests.
+"""The test kit as a pytest plugin: ``kdra_*`` fixtures for a driver's or a node agent's tests.
 
-No kubelet counterpart: the fixtures assemble what a node gives the kubelet's DRA
-manager (a plugin registry, a driver, an API server) around our manager. Installed
-with the package it is loaded by pytest through the ``pytest11`` entry point named
-``kubelet_dra`` (``-p no:kubelet_dra`` turns it off; with plugin autoloading off,
-``-p kubelet_dra.testing.pytest_plugin`` or ``pytest_plugins`` turns it on).
-
-Every fixture name starts with ``kdra_`` so that a project's own ``sockdir`` or
-``api`` fixtures are never shadowed, nor shadow these; nothing is autouse and no
-hook changes collection, so a project that does not ask for a fixture sees no
-difference. Loading this module imports only pytest (and pytest-asyncio, when
-installed): the kit itself is imported by the first fixture a test asks for.
-
-======================  ========  ====================================================
-fixture                 async     what
-======================  ========  ====================================================
-``kdra_sockdir``                  a short directory for unix sockets (``socket_dir``)
-``kdra_registry``                 ``<kdra_sockdir>/reg``: the plugin registry
-``kdra_settings``                 ``make_settings(kdra_sockdir, role=Role.OWNER)``
-``kdra_api``                      a running ``FakeApiServer``
-``kdra_kube_client``              an official ``kubernetes`` client for ``kdra_api``
-``kdra_driver``         yes       a started ``FakeDriver`` in ``kdra_registry``
-``kdra_pods``                     a ``PodStore``: the node agent's pods
-``kdra_manager``        yes       a started ``DRAHealthManager`` in node-agent mode,
-                                  its updates merged into ``kdra_pods``
-======================  ========  ====================================================
-
-``@pytest.mark.kdra_driver(name=..., **kwargs)`` gives ``kdra_driver`` the
-``FakeDriver`` constructor's arguments (default name ``gpu.example.com``).
-The async fixtures need pytest-asyncio (``pip install kubelet-dra[pytest]``).
+No kubelet counterpart: the fixtures assemble what a node gives the kubelet's DRA manager (a
+plugin registry, a driver, an API server) around our manager. Loaded through the ``pytest11``
+entry point ``kubelet_dra`` (``-p no:kubelet_dra`` turns it off). Every name starts with
+``kdra_``, nothing is autouse and no hook changes collection, so a project that asks for no
+fixture sees no difference; loading it imports only pytest (and pytest-asyncio): the kit is
+imported by the first fixture a test asks for. ``docs/drivers.md`` lists the fixtures;
+``@pytest.mark.kdra_driver(name=..., **kwargs)`` passes ``FakeDriver`` arguments.
 """
 
 from __future__ import annotations

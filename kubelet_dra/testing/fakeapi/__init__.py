@@ -1,26 +1,13 @@
 """FakeApiServer: an in-process stand-in for the kube-apiserver, spoken to over real HTTP.
 
-It serves the parts of the Kubernetes API that a node-level DRA health reporter uses, to the
-official ``kubernetes`` Python client: pods (list, watch, get, create, delete and the ``status``
-subresource with PUT and all three PATCH flavours), resource.k8s.io/v1 ResourceClaims, and
-core/v1 plus events.k8s.io/v1 Events. Behaviour follows the real kube-apiserver where client
-code can observe it: one global resourceVersion, optimistic concurrency (409), strategic merge
-rules of pod status (conditions merged by type, containerStatuses replaced whole), the KEP-4680
-``allocatedResourcesStatus`` validation (422), watch semantics including field-selector
-transitions, bookmarks and "410 Expired", and the feature gates ``ResourceHealthStatus`` and
-``ResourceHealthStatusMessage``. Cluster-scoped resource.k8s.io DeviceTaintRules (``v1``,
-``v1beta2``, ``v1alpha3``, one storage, validated and defaulted as by ``_fakeapi_cluster``)
-and any type a test serves (``serve_resource``) are entries of one type registry
-(``_fakeapi_generic``), which also answers discovery; all share the store, verbs and watches.
-
-On top it offers what a test needs and a real server cannot give: fault injection (errors,
-429 with Retry-After, delays, dropped connections, a conflict on each pod's first status
-write), a "kubelet" that rewrites container statuses like the kubelet's status manager, and a
-log of every request. Usage::
+It serves the parts of the Kubernetes API that a node-level DRA health reporter uses to the
+official ``kubernetes`` Python client, and follows the real kube-apiserver where client code
+can observe it; on top it offers what a test needs and a real server cannot give: fault
+injection, a "kubelet" that rewrites container statuses, and a log of every request.
+:class:`FakeApiServer` lists what it serves and how. Usage::
 
     with FakeApiServer() as api:
         api.create_pod(make_pod("p", "node-1", claims=["gpu"]))
-        core = kubernetes.client.CoreV1Api(api.api_client())
 """
 
 from __future__ import annotations
@@ -105,7 +92,26 @@ class KubeletWriter:
 
 
 class FakeApiServer:
-    """A kube-apiserver stand-in on 127.0.0.1 with a random port; start it with ``with``."""
+    """A kube-apiserver stand-in on 127.0.0.1 with a random port; start it with ``with``.
+
+    It serves the parts of the Kubernetes API that a node-level DRA health reporter uses, to the
+    official ``kubernetes`` Python client: pods (list, watch, get, create, delete and the ``status``
+    subresource with PUT and all three PATCH flavours), resource.k8s.io/v1 ResourceClaims, and
+    core/v1 plus events.k8s.io/v1 Events. Behaviour follows the real kube-apiserver where client
+    code can observe it: one global resourceVersion, optimistic concurrency (409), strategic merge
+    rules of pod status (conditions merged by type, containerStatuses replaced whole), the KEP-4680
+    ``allocatedResourcesStatus`` validation (422), watch semantics including field-selector
+    transitions, bookmarks and "410 Expired", and the feature gates ``ResourceHealthStatus`` and
+    ``ResourceHealthStatusMessage``. Cluster-scoped resource.k8s.io DeviceTaintRules (``v1``,
+    ``v1beta2``, ``v1alpha3``, one storage, validated and defaulted as by ``_fakeapi_cluster``)
+    and any type a test serves (``serve_resource``) are entries of one type registry
+    (``_fakeapi_generic``), which also answers discovery; all share the store, verbs and watches.
+
+    On top it offers what a test needs and a real server cannot give: fault injection (errors,
+    429 with Retry-After, delays, dropped connections, a conflict on each pod's first status
+    write), a "kubelet" that rewrites container statuses like the kubelet's status manager, and a
+    log of every request.
+    """
 
     def __init__(
         self,

@@ -2,16 +2,8 @@
 
 Mimics the kube-apiserver's REST mapping plus its discovery (``GET /apis/<group>/<version>``,
 an ``APIResourceList``). Every type, modelled or not, is one :class:`~._fakeapi_store.Resource`
-served by the same store, write rules (``_fakeapi_ops``) and HTTP verbs (``_fakeapi_http``):
-list with paging and field/label selectors, get, watch, create, replace, patch, delete. A
-type's own write rules are its ``prepare`` hook (DeviceTaintRules: ``_fakeapi_cluster``).
-
-Built in and served from the start: pods, core and events.k8s.io events, ResourceClaims, and
-DeviceTaintRules in ``v1``, ``v1beta2`` and ``v1alpha3`` (one storage; which versions answer is
-the ``taint_versions`` knob). A test adds any other type with :meth:`Types.serve`; it is then
-stored as given (no status, no validation beyond a required name) under its own group/version,
-and until then its URLs answer 404 like a kube-apiserver that does not serve it. Serving a
-version of a built-in type (a DeviceTaintRule version) switches that version on.
+served by the same store, write rules (``_fakeapi_ops``) and HTTP verbs (``_fakeapi_http``).
+:class:`Types` says which are built in and how a test adds one.
 """
 
 from __future__ import annotations
@@ -27,7 +19,15 @@ _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "updat
 
 
 class Types:
-    """The types of one server, keyed by ``(group/version, plural)``, and which are served."""
+    """The types of one server, keyed by ``(group/version, plural)``, and which are served.
+
+    Built in and served from the start: pods, core and events.k8s.io events, ResourceClaims, and
+    DeviceTaintRules in ``v1``, ``v1beta2`` and ``v1alpha3`` (one storage; which versions answer is
+    the ``taint_versions`` knob). A test adds any other type with :meth:`Types.serve`; it is then
+    stored as given (no status, no validation beyond a required name) under its own group/version,
+    and until then its URLs answer 404 like a kube-apiserver that does not serve it. Serving a
+    version of a built-in type (a DeviceTaintRule version) switches that version on.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
