@@ -1,14 +1,12 @@
 """``AgentPods``: a node agent's pods and their desired device status, sent to its callback.
 
-The node-agent counterpart of ``kube.NodePods`` plus ``kube.StatusWriter``:
-where the sidecar watches pods in the API and patches their status, an agent
-that owns pod status gives us its pods (:meth:`AgentPods.set_pod`) and
-receives each pod's desired ``allocatedResourcesStatus`` and condition
-(:class:`PodHealthUpdate`). Like the writer, changes are coalesced: at most
-one callback per pod per ``write_window``, with its latest state. In the
-kubelet the same data goes from the DRA manager's ``Updates()`` channel to
-the status manager (``pkg/kubelet/cm/dra/manager.go``); nothing is dropped
-here, where the kubelet drops updates when its channel is full.
+The node-agent counterpart of ``kube.NodePods`` plus ``kube.StatusWriter``: an agent that
+owns pod status gives us its pods (:meth:`AgentPods.set_pod`) and receives each pod's desired
+``allocatedResourcesStatus`` and condition (:class:`PodHealthUpdate`), coalesced like the
+writer's: at most one callback per pod per ``write_window``, with its latest state. In the
+kubelet the same data goes from the DRA manager's ``Updates()`` channel to the status
+manager (``manager.go``); nothing is dropped here, where the kubelet drops updates when its
+channel is full.
 """
 
 from __future__ import annotations

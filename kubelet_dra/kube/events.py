@@ -1,16 +1,11 @@
 """Kubernetes Events for device-health transitions, rate-limited and aggregated.
 
-Part of ``kube``. Mirrors what client-go's ``EventCorrelator`` gives
-the kubelet's recorder: repeats of one event series (same object, same
-reason) within ``interval`` become one Event whose ``count`` and
-``lastTimestamp`` are updated, at most one request per series per interval.
-The latest message wins, as in client-go's aggregation of similar events.
-Events are best effort: a failed send is retried at the next flush only if
-the failure was transient.
-
-The recorder holds no client: :meth:`EventRecorder.flush` takes the send
-functions, so it is driven by the status writer's loop and its token bucket.
-Which device health changes are worth an Event is :func:`health_transitions`.
+Part of ``kube``. Mirrors what client-go's ``EventCorrelator`` gives the kubelet's recorder:
+repeats of one event series (same object, same reason) within ``interval`` become one Event
+whose ``count`` and ``lastTimestamp`` are updated, the latest message winning. Events are
+best effort: a failed send is retried at the next flush only if the failure was transient.
+:meth:`EventRecorder.flush` takes the send functions, so the status writer's loop and token
+bucket drive it; :func:`health_transitions` says which changes are worth an Event.
 """
 
 from __future__ import annotations

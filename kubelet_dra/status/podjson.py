@@ -1,16 +1,11 @@
 """Reading the API objects we use (pods, ResourceClaims, Events) as plain JSON, in one place.
 
-No kubelet counterpart as such: the kubelet reads typed Go structs
-(``v1.Pod``), where a missing field is a zero value. We keep the API's JSON as
-decoded, so fields newer than the ``kubernetes`` client survive untouched,
-and read it through these accessors, which give the same zero values: any of
-``metadata``, ``spec`` or ``status`` may be missing or ``null``, a missing
-namespace is ``default`` (what the API server assumes for a namespaced object
-sent without one), a missing string is ``""`` and a missing list is empty.
-
-:data:`Obj` is the one alias for "a JSON object we read", :data:`MutableObj` the one
-for "a JSON object we build or change in place" (a request body, the fake API server's
-stored objects); no other module defines either.
+No kubelet counterpart as such: the kubelet reads typed Go structs (``v1.Pod``), where a
+missing field is a zero value. We keep the API's JSON as decoded, so fields newer than the
+``kubernetes`` client survive untouched, and read it through these accessors, which give the
+same zero values (a missing ``metadata``, ``spec`` or ``status``, a ``null``, a missing
+namespace is ``default``). :data:`Obj` is the one alias for "a JSON object we read",
+:data:`MutableObj` for "a JSON object we build or change in place".
 """
 
 from __future__ import annotations

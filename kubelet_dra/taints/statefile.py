@@ -1,15 +1,11 @@
 """The taint bridge's memory across restarts: one small JSON file in the state dir.
 
-The state file of ``loop``; no kubelet counterpart. It holds one :class:`policy.Track`
-per device that is not plainly healthy (its health, since when, and the decided taint), so
-a restart neither restarts ``--taint-after`` nor forgets a taint that must stay.
-
-Why a file of its own and not a table in ``health.sqlite``: the entries are few (only
-devices that are, or were lately, not healthy), they change only on health transitions,
-and the health store's format and commit loop stay the health cache's alone. The file is
-written whole, to a temporary file that is fsynced and renamed over the old one, so a
-crash leaves the old or the new version, never a torn one. A file that cannot be read is
-logged and set aside (``.bad``); the bridge then starts from the rules it finds in the API.
+The state file of ``loop``; no kubelet counterpart. It holds one :class:`policy.Track` per
+device that is not plainly healthy, so a restart neither restarts ``--taint-after`` nor
+forgets a taint that must stay. A file of its own, not a table in ``health.sqlite``: the
+entries are few and change only on health transitions. It is written whole (temporary
+file, fsync, rename), so a crash leaves the old or the new version; a file that cannot be
+read is set aside (``.bad``) and the bridge starts from the rules it finds in the API.
 """
 
 from __future__ import annotations
