@@ -4,7 +4,7 @@ No kubelet file mirrors this: Go's runtime returns idle heap spans to the OS its
 scavenger); CPython on glibc does not. :class:`Trimmer` runs a full garbage collection and
 then glibc's ``malloc_trim`` every ``interval`` seconds, and exports the counts and glibc's
 own account of its heap. :func:`cap_arenas` and :func:`fix_trim_threshold` set glibc's
-arena cap and trim threshold at start. Why each: ``docs/decisions/malloc-settings.md``.
+arena cap and trim threshold at start. Why each: ``docs/decisions/0003-malloc-settings.md``.
 """
 
 from __future__ import annotations
