@@ -6,6 +6,7 @@ request still goes through the official client in a worker thread (``kube.api``)
 status PATCH alone, the request on the report -> PATCH path, is sent from the event loop:
 the hop into a worker thread and urllib3 cost more than the server's own work, and a thread
 fights the gRPC poller for the GIL. :class:`Transport` says how it reaches the server.
+Decision record: ``docs/decisions/0002-async-status-patch.md``.
 """
 
 from __future__ import annotations

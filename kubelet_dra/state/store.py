@@ -4,7 +4,8 @@ Counterpart of the kubelet's ``dra_health_state`` file, which is the whole cache
 rewritten (temp file + rename, no fsync) on every change. :class:`HealthStore` is one SQLite
 file in WAL mode with ``synchronous=FULL``, versioned JSON values, staged writes committed
 in one transaction per flush, and a file that cannot be read moved aside, never
-crash-looped on; its docstring has each rule.
+crash-looped on; its docstring has each rule. Decision record:
+``docs/decisions/0001-sqlite-state-file.md``.
 """
 
 from __future__ import annotations
