@@ -1,32 +1,13 @@
 """``kubelet-dra-health cache show``: read a health cache offline.
 
-Two sources, one table:
-
-- ``--state-dir DIR``: our own store (``store.HealthStore``), opened read-only
-  in spirit (nothing is written unless the file is unreadable, in which case
-  the command says so and exits 1 without moving anything);
-- ``--kubelet-state FILE``: a real kubelet's ``dra_health_state`` JSON
-  (kubelet ``pkg/kubelet/cm/dra/healthinfo.go``), to debug a node: driver ->
-  ``Devices`` -> ``"<pool>/<device>"`` -> ``PoolName``, ``DeviceName``,
-  ``Health``, ``LastUpdated`` (Go RFC 3339), ``HealthCheckTimeout``
-  (nanoseconds, 1.35+), ``Message`` (1.36+).
-
-A ``null`` file, a driver that is ``null`` or has ``"Devices": null`` and a
-``null`` device entry read as empty, as the kubelet v1.38 ``loadFromCheckpoint``
-reads them (v1.37 loaded them and then panicked on the next update). A null
-device entry is the kubelet's zero ``DeviceHealth``: it reads ``Unknown``.
-
-Both print what a reader would see *now*: a record whose lease ran out shows
-``Unknown`` in the ``visible`` column, as the kubelet's ``getHealthInfo``.
-
-Devices are named ``<driver>/<pool>/<device>``. Where the kubelet's DRA
-checkpoint (``--kubelet-root-dir``, default ``/var/lib/kubelet``; read only,
-``kubeletcheckpoint``) gives a device a CDI device ID, the ``resourceid``
-column shows the ``resourceID`` the kubelet writes for it (and ours after it
-where several devices of a claim share that ID), so a row can be matched with
-``allocatedResourcesStatus``; JSON has ``name``, ``kubeletResourceID`` and
-``resourceID``. A missing checkpoint leaves the column empty; an unusable one
-is a warning on stderr.
+Two sources, one table: ``--state-dir DIR``, our own store (nothing is written; an
+unreadable file is said and exits 1 without moving anything), and ``--kubelet-state FILE``,
+a real kubelet's ``dra_health_state`` JSON (``pkg/kubelet/cm/dra/healthinfo.go``), read as
+the kubelet v1.38 ``loadFromCheckpoint`` reads it (:func:`read_kubelet_state`). Both print
+what a reader would see now: a record whose lease ran out shows ``Unknown``, as the
+kubelet's ``getHealthInfo``. Where the kubelet's DRA checkpoint (``--kubelet-root-dir``,
+``kubeletcheckpoint``) names a device by a CDI device ID, the ``resourceid`` column shows
+the ``resourceID`` the kubelet writes for it (:func:`read_resource_ids`).
 """
 
 from __future__ import annotations
@@ -92,6 +73,11 @@ def read_resource_ids(root: pathlib.Path | None) -> Ids:
     """Each device's (kubelet's, our) resourceID from the kubelet's DRA checkpoint.
 
     The first claim in (namespace, name) order speaks for a device in several.
+
+    The ``resourceid`` column shows the ``resourceID`` the kubelet writes for a device (and ours
+    after it where several devices of a claim share that ID), so a row can be matched with
+    ``allocatedResourcesStatus``; JSON has ``name``, ``kubeletResourceID`` and ``resourceID``.
+    A missing checkpoint leaves the column empty; an unusable one is a warning on stderr.
     """
     if root is None or str(root) in ("", "."):
         return {}
@@ -131,6 +117,15 @@ def read_state_dir(state_dir: pathlib.Path) -> list[Row]:
 
 
 def read_kubelet_state(path: pathlib.Path, *, default_lease: float) -> list[Row]:
+    """The rows of a real kubelet's ``dra_health_state`` JSON, as a reader sees them now.
+
+    The file is driver -> ``Devices`` -> ``"<pool>/<device>"`` -> ``PoolName``,
+    ``DeviceName``, ``Health``, ``LastUpdated`` (Go RFC 3339), ``HealthCheckTimeout``
+    (nanoseconds, 1.35+), ``Message`` (1.36+). A ``null`` file, a driver that is ``null`` or
+    has ``"Devices": null`` and a ``null`` device entry read as empty, as the kubelet v1.38
+    ``loadFromCheckpoint`` reads them (v1.37 loaded them and then panicked on the next update);
+    a null device entry is the kubelet's zero ``DeviceHealth`` and reads ``Unknown``.
+    """
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

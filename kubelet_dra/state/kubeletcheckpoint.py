@@ -1,55 +1,12 @@
 """The kubelet's DRA checkpoint ``<root dir>/dra_manager_state``, read only.
 
-Mirrors ``pkg/kubelet/cm/dra/state/checkpoint.go`` and ``state.go`` (the
-claim info cache the kubelet's DRA manager persists after every
-``NodePrepareResources`` and ``NodeUnprepareResources``). The sidecar reads it
-for one thing the API does not have: the CDI device IDs each driver returned
-at prepare, because the kubelet names a device in ``allocatedResourcesStatus``
-by its first CDI device ID (``buildResourceHealth`` in ``manager.go``).
-
-The file, as every line writes it::
-
-    {"Data": "<CheckpointData as JSON text>", "Checksum": <crc32 IEEE of Data's bytes>}
-
-    CheckpointData = {"kind": "DRACheckpoint",
-                      "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1",
-                      "ClaimInfoStateList": [ClaimInfoState, ...] | null}
-    ClaimInfoState = {"ClaimUID", "ClaimName", "Namespace",
-                      "PodUIDs": {"<uid>": {}, ...} | null,      (a sets.Set[string])
-                      "DriverState": {"<driver>": DriverState} | null}
-    DriverState    = {"Devices": [Device, ...] | null, "skipNodeOperations"?: [...]}
-    Device         = {"PoolName", "DeviceName", "ShareID"?: "<uid>" | null,
-                      "RequestNames": [...] | null, "CDIDeviceIDs": [...] | null}
-
-What each line's ``state.go`` and ``checkpoint.go`` say (read from the
-sources of v1.34.4, v1.35.4, v1.36.3, v1.37.2 and v1.38.0-beta.0):
-
-========== ============================================================= =======================
-line       claim state (``state.go``)                                    ``checkpoint.go``
-========== ============================================================= =======================
-1.34       ``Device`` has no ``ShareID``; ``DriverState`` is ``Devices``   the envelope above
-1.35       ``Device.ShareID`` (``*types.UID``: a string or ``null``)       same
-1.36       as 1.35 (only the health state gained ``Message``)              same
-1.37       ``DriverState.skipNodeOperations`` (``omitempty``)              same
-1.38.0-b0  as 1.37                                                       same
-========== ============================================================= =======================
-
-So one reader serves every line: ``ShareID`` and ``skipNodeOperations`` are
-optional, every list and map may be ``null`` (Go's nil), and a field we do
-not know is ignored, as Go's decoder ignores it. Two places where we are
-stricter than the kubelet, on purpose: the kubelet does not look at ``kind``
-and ``apiVersion`` (``GetClaimInfoStateList`` decodes the list only), and
-Go's decoder matches field names without regard to case; we refuse a file of
-another kind or version, and read the names exactly as the kubelet writes
-them. A file we refuse is never one the kubelet wrote for this purpose.
-
-Reading is all we do: the file is opened read-only, never locked, never
-written or moved (the kubelet replaces it by writing a temporary file and
-renaming it over, ``pkg/kubelet/util/store``, so a reader sees a whole old or
-a whole new file; a torn one only if something else wrote it). :func:`parse`
-is pure and raises :class:`CheckpointError` with a ``reason`` for metrics;
-:func:`read` adds the file; :class:`CheckpointWatcher` polls it on the
-injected clock and never raises out of its loop.
+Mirrors ``pkg/kubelet/cm/dra/state/checkpoint.go`` and ``state.go`` (the claim info cache the
+kubelet's DRA manager persists after every ``NodePrepareResources`` and
+``NodeUnprepareResources``): the CDI device IDs each driver returned at prepare, by which the
+kubelet names a device in ``allocatedResourcesStatus``. ``cache show`` and harnesses without
+a PodResources socket read it; ``run`` does not. :func:`parse` is pure (its docstring has
+the file's format on every line); :func:`read` adds the file; :class:`CheckpointWatcher`
+polls it on the injected clock and never raises out of its loop.
 """
 
 from __future__ import annotations
@@ -110,7 +67,49 @@ class PreparedClaim:
 
 
 def parse(blob: bytes) -> tuple[PreparedClaim, ...]:
-    """The claims of a checkpoint file's bytes; :class:`CheckpointError` if unusable."""
+    """The claims of a checkpoint file's bytes; :class:`CheckpointError` if unusable.
+
+    The file, as every line writes it::
+
+        {"Data": "<CheckpointData as JSON text>", "Checksum": <crc32 IEEE of Data's bytes>}
+
+        CheckpointData = {"kind": "DRACheckpoint",
+                          "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1",
+                          "ClaimInfoStateList": [ClaimInfoState, ...] | null}
+        ClaimInfoState = {"ClaimUID", "ClaimName", "Namespace",
+                          "PodUIDs": {"<uid>": {}, ...} | null,      (a sets.Set[string])
+                          "DriverState": {"<driver>": DriverState} | null}
+        DriverState    = {"Devices": [Device, ...] | null, "skipNodeOperations"?: [...]}
+        Device         = {"PoolName", "DeviceName", "ShareID"?: "<uid>" | null,
+                          "RequestNames": [...] | null, "CDIDeviceIDs": [...] | null}
+
+    What each line's ``state.go`` and ``checkpoint.go`` say (read from the
+    sources of v1.34.4, v1.35.4, v1.36.3, v1.37.2 and v1.38.0-beta.0):
+
+    ========== ============================================================= =======================
+    line       claim state (``state.go``)                                    ``checkpoint.go``
+    ========== ============================================================= =======================
+    1.34       ``Device`` has no ``ShareID``; ``DriverState`` is ``Devices``   the envelope above
+    1.35       ``Device.ShareID`` (``*types.UID``: a string or ``null``)       same
+    1.36       as 1.35 (only the health state gained ``Message``)              same
+    1.37       ``DriverState.skipNodeOperations`` (``omitempty``)              same
+    1.38.0-b0  as 1.37                                                       same
+    ========== ============================================================= =======================
+
+    So one reader serves every line: ``ShareID`` and ``skipNodeOperations`` are
+    optional, every list and map may be ``null`` (Go's nil), and a field we do
+    not know is ignored, as Go's decoder ignores it. Two places where we are
+    stricter than the kubelet, on purpose: the kubelet does not look at ``kind``
+    and ``apiVersion`` (``GetClaimInfoStateList`` decodes the list only), and
+    Go's decoder matches field names without regard to case; we refuse a file of
+    another kind or version, and read the names exactly as the kubelet writes
+    them. A file we refuse is never one the kubelet wrote for this purpose.
+
+    Reading is all we do: the file is opened read-only, never locked, never
+    written or moved (the kubelet replaces it by writing a temporary file and
+    renaming it over, ``pkg/kubelet/util/store``, so a reader sees a whole old or
+    a whole new file; a torn one only if something else wrote it).
+    """
     envelope = _json(blob, "the file")
     if not isinstance(envelope, dict):
         raise CheckpointError(REASON_SHAPE, "the file is not a JSON object")

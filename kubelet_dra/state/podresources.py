@@ -1,35 +1,12 @@
 """Device names from the kubelet's PodResources API: ``List``, ``Get``, reconnect, fall back.
 
-The client side of the kubelet's ``pkg/kubelet/apis/podresources/server_v1.go``
-(``List`` and ``Get`` on ``<root dir>/pod-resources/kubelet.sock``) and of
-``GetDynamicResources`` in ``pkg/kubelet/cm/container_manager_linux.go``, which
-answers, per container, each claim the container uses with every device of it
-and the CDI device IDs its driver returned at prepare. The kubelet names a device
-in ``allocatedResourcesStatus`` by the first of those IDs, so this is where the
-sidecar learns the names the kubelet uses, without reading the kubelet's files.
-
-What the kubelet does that shapes this module:
-
-- ``List`` answers every pod it knows, or only active ones where
-  ``KubeletPodResourcesListUseActivePods`` is on: a terminal pod drops out. Names
-  learned for a claim are kept (:meth:`ClaimIndex.set_claim_names` keeps them
-  until no pod references the claim), never taken back because a pod left the list.
-- ``Get`` answers one pod by namespace and name, or an error for a pod it does not
-  know; a container whose claim is not prepared yet answers no dynamic resources.
-  So a pod is asked for on its API events until an answer names its claims.
-- Within one claim, ``GetDynamicResources`` appends each device's CDI IDs to one
-  list per driver, so the n-th device of a driver reports the IDs of the devices
-  before it first (every line from 1.34 to 1.38.0-beta.0). :func:`claim_names`
-  takes a device's own IDs as what follows the previous device's list.
-- A kubelet restart removes and re-creates the socket: the channel leaves
-  ``READY``, and the client connects again with the health streams' backoff
-  (``plugin.streams.Backoff``, on the injected clock), then lists again. A
-  channel that goes idle (gRPC's idle timeout) leaves ``READY`` too: one more
-  ``List``, no harm.
-- A kubelet without ``KubeletPodResourcesDynamicResources`` (1.34 or 1.35 with it
-  turned off) answers containers without ``dynamic_resources``; a server without
-  the service answers ``UNIMPLEMENTED``. Names then stay ``<driver>/<pool>/<device>``
-  and :attr:`PodResourcesClient.fallback` says why (``/readyz``, a metric), once.
+The client side of the kubelet's ``pkg/kubelet/apis/podresources/server_v1.go`` (``List``
+and ``Get`` on ``<root dir>/pod-resources/kubelet.sock``) and of ``GetDynamicResources`` in
+``pkg/kubelet/cm/container_manager_linux.go``, which answers, per container, each claim with
+every device of it and the CDI device IDs its driver returned at prepare. The kubelet names
+a device in ``allocatedResourcesStatus`` by the first of those IDs, so this is where the
+sidecar learns the kubelet's names without reading its files. :class:`PodResourcesClient`
+says what the kubelet does that shapes it.
 """
 
 from __future__ import annotations
@@ -115,6 +92,29 @@ class PodResourcesClient:
 
     :meth:`run` is the loop (a task of the manager); :meth:`pod_seen` asks for a pod
     the API side indexed; the attributes are plain state for metrics and ``/readyz``.
+
+    What the kubelet does that shapes this module:
+
+    - ``List`` answers every pod it knows, or only active ones where
+      ``KubeletPodResourcesListUseActivePods`` is on: a terminal pod drops out. Names
+      learned for a claim are kept (:meth:`ClaimIndex.set_claim_names` keeps them
+      until no pod references the claim), never taken back because a pod left the list.
+    - ``Get`` answers one pod by namespace and name, or an error for a pod it does not
+      know; a container whose claim is not prepared yet answers no dynamic resources.
+      So a pod is asked for on its API events until an answer names its claims.
+    - Within one claim, ``GetDynamicResources`` appends each device's CDI IDs to one
+      list per driver, so the n-th device of a driver reports the IDs of the devices
+      before it first (every line from 1.34 to 1.38.0-beta.0). :func:`claim_names`
+      takes a device's own IDs as what follows the previous device's list.
+    - A kubelet restart removes and re-creates the socket: the channel leaves
+      ``READY``, and the client connects again with the health streams' backoff
+      (``plugin.streams.Backoff``, on the injected clock), then lists again. A
+      channel that goes idle (gRPC's idle timeout) leaves ``READY`` too: one more
+      ``List``, no harm.
+    - A kubelet without ``KubeletPodResourcesDynamicResources`` (1.34 or 1.35 with it
+      turned off) answers containers without ``dynamic_resources``; a server without
+      the service answers ``UNIMPLEMENTED``. Names then stay ``<driver>/<pool>/<device>``
+      and :attr:`PodResourcesClient.fallback` says why (``/readyz``, a metric), once.
     """
 
     def __init__(

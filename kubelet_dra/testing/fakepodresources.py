@@ -1,21 +1,11 @@
 """``FakePodResources``: the kubelet's PodResources API (v1) on a unix socket, scripted.
 
 Serves ``List`` and ``Get`` of ``v1.PodResourcesLister`` over real gRPC the way the
-kubelet's ``pkg/kubelet/apis/podresources/server_v1.go`` does, with the claims of
-each container answered as ``GetDynamicResources`` in
-``pkg/kubelet/cm/container_manager_linux.go`` builds them: every device of each
-claim the container uses, and, per driver, one CDI list that each device appends
-to (the n-th device reports the IDs of the devices before it first). A test sets
-pods and claims, and chooses what kind of kubelet it is:
-
-- ``dynamic_resources=False``: a kubelet whose ``KubeletPodResourcesDynamicResources``
-  gate is off (containers answer no dynamic resources);
-- ``unimplemented=True``: no PodResources service at all (``UNIMPLEMENTED``);
-- a pod set ``terminal=True`` drops out of ``List`` (the kubelet's
-  ``KubeletPodResourcesListUseActivePods``) but ``Get`` still answers it.
-
-:meth:`FakePodResources.restart` removes the socket and serves a new one, as a
-kubelet restart does.
+kubelet's ``pkg/kubelet/apis/podresources/server_v1.go`` does, with the claims of each
+container answered as ``GetDynamicResources`` in ``pkg/kubelet/cm/container_manager_linux.go``
+builds them. A test sets pods and claims and chooses what kind of kubelet it is
+(:class:`FakePodResources` lists the choices); :meth:`FakePodResources.restart` removes the
+socket and serves a new one, as a kubelet restart does.
 """
 
 from __future__ import annotations
@@ -53,7 +43,14 @@ class _Pod:
 
 
 class FakePodResources:
-    """A scripted kubelet PodResources server. Use as ``async with FakePodResources(path)``."""
+    """A scripted kubelet PodResources server. Use as ``async with FakePodResources(path)``.
+
+    - ``dynamic_resources=False``: a kubelet whose ``KubeletPodResourcesDynamicResources``
+      gate is off (containers answer no dynamic resources);
+    - ``unimplemented=True``: no PodResources service at all (``UNIMPLEMENTED``);
+    - a pod set ``terminal=True`` drops out of ``List`` (the kubelet's
+      ``KubeletPodResourcesListUseActivePods``) but ``Get`` still answers it.
+    """
 
     def __init__(
         self,
