@@ -116,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--line", action="append", help="kubelet line, e.g. 1.38 (repeatable)")
     parser.add_argument("--generated", type=int, default=0, help="generated scenarios to add")
     parser.add_argument("--only-generated", action="store_true")
+    parser.add_argument(
+        "--seed", type=int, action="append", default=[], help="a generated seed to add"
+    )
     parser.add_argument("--concurrency", type=int, default=24)
     parser.add_argument("--write-matrix", action="store_true")
     parser.add_argument("--masked-detail", action="store_true", help="per declaration")
@@ -133,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.names:
         scenarios = [s for s in scenarios if s.name in ns.names]
     scenarios += generated(range(1, ns.generated + 1)) if ns.generated else []
+    scenarios += generated(ns.seed) if ns.seed else []
     lines = ns.line or list(sc.LINES)
     status = 0
     results: dict[str, list[_runner.RunResult]] = {}
