@@ -25,7 +25,6 @@ append over the driver's prepare answer) exactly.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import difflib
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -388,7 +387,9 @@ class Count:
         if not self.differed:
             out.append("no comparison in its scope differed with its values")
         if self.matched:
-            out.append(f"{self.matched} comparisons in its scope agreed (first: {self.first_matched})")
+            out.append(
+                f"{self.matched} comparisons in its scope agreed (first: {self.first_matched})"
+            )
         missing_at = [a for a in diff.at if not any(sc.at_matches(a, seen) for seen in self.at)]
         missing_subjects = sorted(diff.subjects - self.subjects)
         missing_fields = [f for f in diff.field if f not in self.fields]
@@ -485,7 +486,9 @@ class Tally:
             if in_scope(self.declared[i], obs.kind, obs.at, obs.subject, obs.field)
             and (
                 self.declared[i].blanket
-                or self._as_declared(i, obs.kind, obs.at, obs.subject, obs.field, obs.ours, obs.twin)
+                or self._as_declared(
+                    i, obs.kind, obs.at, obs.subject, obs.field, obs.ours, obs.twin
+                )
             )
         )
 

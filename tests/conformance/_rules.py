@@ -122,7 +122,9 @@ def entry_from_our_view(c: Comparison) -> Any:
     entry = c.field.removeprefix("entry ")
     ref, _, request = entry.removeprefix("claim:").partition("/")
     pod_name = c.subject.split()[1]
-    claim = c.scenario.claim(next(r.claim for r in c.scenario.pod(pod_name).claims if r.name == ref))
+    claim = c.scenario.claim(
+        next(r.claim for r in c.scenario.pod(pod_name).claims if r.name == ref)
+    )
     out: list[dict[str, str]] = []
     seen: set[str] = set()
     for dev in claim.devices:

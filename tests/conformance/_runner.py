@@ -354,6 +354,7 @@ class Run:
                 dra_versions=spec.dra_versions,
                 unimplemented=spec.unimplemented,
                 supported_versions=spec.services,
+                prepare_errors=spec.prepare_errors,
             )
         old = self.drivers.get((spec.name, endpoint))
         if old is not None and old._devices is not None:
@@ -633,7 +634,8 @@ class Run:
                 f"twin: {twin_error or 'prepared'}; ours: {ours or 'prepared'}"
             )
         self._compare_prepare(name, ours, twin_error, fails=fails)
-        if not ours and not twin_error and self.line in PREPARED_LINES:
+        compared = self.line in PREPARED_LINES or self.scenario.compare_prepared
+        if not ours and not twin_error and compared:
             self._compare_prepared_devices(name)
         if self.sidecar is not None and not twin_error:
             self.sidecar.started(pod)
@@ -792,9 +794,7 @@ class Run:
         # The twin's view: what the kubelet's own getHealthInfo returned for each device
         # in that sync reply, in the order the runner asked.
         twin_view = dict(zip(self.keys, reply.get("devices") or (), strict=False))
-        self.observed += _compare.compare_devices(
-            args.name, our_view, twin_view, tally=self.tally
-        )
+        self.observed += _compare.compare_devices(args.name, our_view, twin_view, tally=self.tally)
         if self.scenario.compare_stored:
             state = (await self._twin_ok("state", self.twin.state())).get("state")
             await self._compare_stored(args.name, state)

@@ -151,6 +151,9 @@ class Driver(_Model):
     """Every health stream is answered with UNIMPLEMENTED."""
     registered: bool = True
     """Registered on both sides before the timeline starts."""
+    prepare_errors: int = pydantic.Field(default=0, ge=0, le=100)
+    """Its first this many ``NodePrepareResources`` calls (from either side; each side
+    makes one per prepare attempt) answer an error for every claim (FakeDriver only)."""
 
     @property
     def go_helper(self) -> bool:
@@ -158,7 +161,8 @@ class Driver(_Model):
 
     @pydantic.model_validator(mode="after")
     def _helper_serves(self) -> Driver:
-        fixed = {"health_versions", "dra_versions", "services"} & self.model_fields_set
+        fixed = {"health_versions", "dra_versions", "services", "prepare_errors"}
+        fixed &= self.model_fields_set
         if self.go_helper and fixed:
             raise ValueError(
                 f"driver {self.name!r}: {', '.join(sorted(fixed))} cannot be chosen for "
@@ -511,7 +515,9 @@ class Difference(_Model):
     @property
     def rules(self) -> dict[str, str]:
         """The sides whose value a rule computes, with the rule's name."""
-        return {k: getattr(self, f"{k}_rule") for k in ("ours", "twin") if getattr(self, f"{k}_rule")}
+        return {
+            k: getattr(self, f"{k}_rule") for k in ("ours", "twin") if getattr(self, f"{k}_rule")
+        }
 
     def where(self) -> str:
         """One line naming the scope (for reports)."""
@@ -607,6 +613,9 @@ class Scenario(_Model):
     compare_stored: bool = False
     """Also compare which devices each side stores (our store through ``cache show
     --state-dir``, the twin's checkpoint) at every sync point."""
+    compare_prepared: bool = False
+    """Compare the devices each side recorded per claim after every prepare both made on
+    every line of the scenario (by default only on the runner's ``PREPARED_LINES``)."""
     timeline: tuple[Step, ...]
     differences: tuple[Difference, ...] = ()
     generated: bool = False

@@ -444,7 +444,9 @@ def test_the_rules_read_the_reported_message_and_our_view() -> None:
         }
     )  # fmt: skip
 
-    def rule(name: str, kind: str, at: str, subject: str, field: str, view: object = None) -> object:
+    def rule(
+        name: str, kind: str, at: str, subject: str, field: str, view: object = None
+    ) -> object:
         c = _rules.Comparison(scenario, kind, at, subject, field, view or {})  # type: ignore[arg-type]
         return _rules.RULES[name](c)
 
