@@ -61,9 +61,27 @@ class Observed:
             )
             return head + "\n    " + "\n    ".join(diff)
         twin, ours = _short(self.twin), _short(self.ours)
+        if isinstance(self.twin, str) and isinstance(self.ours, str):
+            twin, ours = _around_difference(self.twin, self.ours)
         if self.kind == "predicted":
             return f"{head}\n    predicted: {twin}\n    announced: {ours}"
         return f"{head}\n    twin (kubelet): {twin}\n    ours:           {ours}"
+
+
+def _around_difference(a: str, b: str, limit: int = 600) -> tuple[str, str]:
+    """Two long texts shown from a little before where they first differ (a message cut
+    at 1 kB differs in its last bytes)."""
+    if max(len(a), len(b)) <= limit:
+        return _short(a), _short(b)
+    same = next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+    start = max(0, same - 40)
+
+    def part(text: str) -> str:
+        return f"({len(text)} chars, from char {start}) " + _short(text[start:], 200)
+
+    return part(a), part(b)
 
 
 def _short(value: Any, limit: int = 600) -> str:
