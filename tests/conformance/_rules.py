@@ -13,8 +13,8 @@ changes from one sync point to the next), it names a rule instead (``ours_rule``
 - ``entry-from-our-view``: a status entry as our side must build it for a claim the
   kubelet line lists nowhere (``claim-name-fallback``): each device of the entry's claim
   that the driver's prepare returned (of its request, a sub-request counting as its
-  parent, if the entry names one; in the claim's order; a repeated resourceID once), under
-  its first CDI ID or ``<driver>/<pool>/<device>``, with the health and message our cache
+  parent, if the entry names one; a repeated resourceID once; sorted by resourceID, as we
+  write them), under its first CDI ID or ``<driver>/<pool>/<device>``, with the health and message our cache
   reads at that sync point, which the ``devices`` comparison holds against the kubelet's
   own ``getHealthInfo``.
 
@@ -142,7 +142,7 @@ def entry_from_our_view(c: Comparison) -> Any:
         if message:
             resource["message"] = message
         out.append(resource)
-    return out
+    return sorted(out, key=lambda r: r["resourceID"])
 
 
 RULES: dict[str, Callable[[Comparison], Any]] = {
