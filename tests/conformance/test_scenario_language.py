@@ -643,3 +643,17 @@ def test_a_refusal_on_both_sides_is_the_same_only_for_the_same_rule() -> None:
         "outcome: refused / refused"
     ]
     assert compare(None, None, False) == []
+
+
+def test_entry_from_our_view_lists_resources_as_we_write_them() -> None:
+    # As our entries read on 1.34 and 1.35 (measured): first CDI ID or
+    # <driver>/<pool>/<device>, sorted by resourceID.
+    scenario = sc.load(sc.SCENARIO_DIR / "cdi-resource-id.yaml")
+    comparison = _rules.Comparison(
+        scenario, "status", scenario.sync_names()[-1], "pod pod-a containerStatuses[main]",
+        "entry claim:gpu",
+    )  # fmt: skip
+    resources = _rules.RULES["entry-from-our-view"](comparison)
+    assert [r["resourceID"] for r in resources] == [
+        "driver/class=b", "driver/pool/plain", "driver/pool=device",
+    ]  # fmt: skip
