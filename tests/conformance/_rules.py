@@ -14,8 +14,8 @@ changes from one sync point to the next), it names a rule instead (``ours_rule``
   kubelet line lists nowhere (``claim-name-fallback``): each device of the entry's claim
   that the driver's prepare returned (of its request, a sub-request counting as its
   parent, if the entry names one; a repeated resourceID once; sorted by resourceID, as we
-  write them), under its first CDI ID or ``<driver>/<pool>/<device>``, with the health and message our cache
-  reads at that sync point, which the ``devices`` comparison holds against the kubelet's
+  write them), under its first CDI ID or ``<driver>/<pool>/<device>``, with the health
+  and message our cache reads at that sync point, which the ``devices`` comparison holds against the kubelet's
   own ``getHealthInfo``.
 
 The compared device is the subject (kind ``devices``) or the field's ``resource <id>``
