@@ -15,8 +15,8 @@ changes from one sync point to the next), it names a rule instead (``ours_rule``
   that the driver's prepare returned (of its request, a sub-request counting as its
   parent, if the entry names one; a repeated resourceID once; sorted by resourceID, as we
   write them), under its first CDI ID or ``<driver>/<pool>/<device>``, with the health
-  and message our cache reads at that sync point, which the ``devices`` comparison holds against the kubelet's
-  own ``getHealthInfo``.
+  and message our cache reads at that sync point, which the ``devices`` comparison holds
+  against the kubelet's own ``getHealthInfo``.
 
 The compared device is the subject (kind ``devices``) or the field's ``resource <id>``
 (kind ``status``). Each rule has a unit test in ``test_scenario_language.py``.
