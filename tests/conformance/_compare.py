@@ -6,10 +6,14 @@ health or message of a container's ``allocatedResourcesStatus``, whether one
 pod was announced since the previous sync point, one device's health or
 message as each cache reads it, the outcome of a registration or prepare, a
 row of the checkpoint as our CLI reads it, or the twin failing. A scenario's
-declared differences must cover every observed one, and each declaration must
-cover at least one (:func:`classify`), so declarations neither hide bugs nor
-rot. :class:`Tally` counts every comparison made, and per declaration the
-comparisons in its scope (what it could mask), for the run summary.
+declared differences must cover every observed one (:func:`classify`), and
+every declaration is checked per comparison (:class:`Tally`): each comparison
+in its scope (sync point, subject, field) must differ with the declared values,
+and each sync point, subject and field it names must show that difference at
+least once. So a declaration over 16,000 devices fails when one of them reads
+the same on both sides, and a difference no declaration predicts fails too.
+The run summary counts, per declaration, the comparisons in scope, matched
+(the sides agreed) and differed.
 
 Order: kubelet 1.38 sorts entries by name and resources by resourceID, so
 from 1.38 on lists are compared exactly, order included. Earlier kubelets
@@ -21,12 +25,12 @@ append over the driver's prepare answer) exactly.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import difflib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tests.conformance import _rules
 from tests.conformance import _scenario as sc
 
 FIELDS = ("containerStatuses", "initContainerStatuses")
@@ -57,9 +61,27 @@ class Observed:
             )
             return head + "\n    " + "\n    ".join(diff)
         twin, ours = _short(self.twin), _short(self.ours)
+        if isinstance(self.twin, str) and isinstance(self.ours, str):
+            twin, ours = _around_difference(self.twin, self.ours)
         if self.kind == "predicted":
             return f"{head}\n    predicted: {twin}\n    announced: {ours}"
         return f"{head}\n    twin (kubelet): {twin}\n    ours:           {ours}"
+
+
+def _around_difference(a: str, b: str, limit: int = 600) -> tuple[str, str]:
+    """Two long texts shown from a little before where they first differ (a message cut
+    at 1 kB differs in its last bytes)."""
+    if max(len(a), len(b)) <= limit:
+        return _short(a), _short(b)
+    same = next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+    start = max(0, same - 40)
+
+    def part(text: str) -> str:
+        return f"({len(text)} chars, from char {start}) " + _short(text[start:], 200)
+
+    return part(a), part(b)
 
 
 def _short(value: Any, limit: int = 600) -> str:
@@ -115,7 +137,7 @@ def compare_status(
 
             def add(field: str, x: Any, y: Any, subject: str = subject) -> None:
                 if tally is not None:
-                    tally.compare(kind, at, subject, field)
+                    tally.compare(kind, at, subject, field, x, y)
                 if x != y:
                     found.append(Observed(kind, at, subject, x, y, field))
 
@@ -165,7 +187,7 @@ def compare_announced(
     for pod in sorted(set(pods) | ours | twin):
         subject = f"pod {pod}"
         if tally is not None:
-            tally.compare("announced", at, subject, "announced")
+            tally.compare("announced", at, subject, "announced", pod in ours, pod in twin)
         if (pod in ours) != (pod in twin):
             found.append(Observed("announced", at, subject, pod in ours, pod in twin, "announced"))
     return found
@@ -186,7 +208,7 @@ def compare_predicted(
     for side, actual, want in (("ours", ours, predicted.ours), ("twin", twin, predicted.twin)):
         subject = f"announced by {side}"
         if tally is not None:
-            tally.compare("predicted", at, subject, "announced")
+            tally.compare("predicted", at, subject, "announced", sorted(actual), sorted(want))
         if actual != set(want):
             found.append(
                 Observed("predicted", at, subject, sorted(actual), sorted(want), "announced")
@@ -224,55 +246,29 @@ def refusal_rule(text: str) -> str:
     return f"other: {text}"
 
 
-def go_time(text: str) -> float:
-    try:
-        return datetime.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return 0.0
-
-
-def twin_entry(state: Any, key: tuple[str, str, str]) -> Mapping[str, Any] | None:
-    driver, pool, device = key
-    if not isinstance(state, dict):
-        return None
-    devices = (state.get(driver) or {}).get("Devices") or {}
-    entry = devices.get(f"{pool}/{device}")
-    return entry if isinstance(entry, dict) else None
-
-
 def twin_lease(entry: Mapping[str, Any]) -> float:
+    """A checkpoint entry's lease as ``cache show`` prints it (the default where unset)."""
     return int(entry.get("HealthCheckTimeout") or DEFAULT_TIMEOUT_NS) / 1e9
-
-
-def twin_view(entry: Mapping[str, Any] | None, now: float) -> tuple[str, str]:
-    """``getHealthInfo``: Unknown when absent or past its timeout (strictly)."""
-    if entry is None:
-        return ("Unknown", "")
-    if now - go_time(str(entry.get("LastUpdated", ""))) > twin_lease(entry):
-        return ("Unknown", "")
-    health = str(entry.get("Health"))
-    if health not in ("Healthy", "Unhealthy", "Unknown"):
-        health = "Unknown"
-    return (health, str(entry.get("Message") or ""))
 
 
 def compare_devices(
     at: str,
     ours: Mapping[tuple[str, str, str], tuple[str, str]],
-    state: Any,
-    now: float,
+    twin: Mapping[tuple[str, str, str], Sequence[str]],
     *,
     limit: int = 20,
     tally: Tally | None = None,
 ) -> list[Observed]:
-    """Per device (``<driver>/<pool>/<device>``): fields ``health`` and ``message``."""
+    """Per device (``<driver>/<pool>/<device>``): fields ``health`` and ``message``, ours
+    as our cache reads it and the twin's as the kubelet's own ``getHealthInfo`` returned it
+    at the same sync point (the twin's ``sync`` reply)."""
     found = Findings(tally, limit)
     for key, mine in ours.items():
-        theirs = twin_view(twin_entry(state, key), now)
+        theirs = tuple(twin.get(key) or ("Unknown", ""))
         subject = "/".join(key)
         for i, field in enumerate(("health", "message")):
             if tally is not None:
-                tally.compare("devices", at, subject, field)
+                tally.compare("devices", at, subject, field, mine[i], theirs[i])
             if mine[i] != theirs[i]:
                 found.add(Observed("devices", at, subject, mine[i], theirs[i], field))
     return found.items
@@ -331,7 +327,7 @@ def compare_cli(
     for key in sorted(set(a) | set(b)):
         subject = "/".join(key)
         if tally is not None:
-            tally.compare("checkpoint", "end", subject, "cache show")
+            tally.compare("checkpoint", "end", subject, "cache show", a.get(key), b.get(key))
         if a.get(key) != b.get(key):
             found.add(Observed("checkpoint", "end", subject, a.get(key), b.get(key), "cache show"))
     return found.items
@@ -347,19 +343,24 @@ class Verdict:
     seen: list[sc.Difference]
     earlier: list[Observed] = dataclasses.field(default_factory=list)
     """Undeclared differences of attempts that then failed on timing (they fail the run)."""
+    why: list[str] = dataclasses.field(default_factory=list)
+    """For each of ``missing``: what of its prediction did not come true."""
 
     @property
     def ok(self) -> bool:
         return not self.unexplained and not self.missing and not self.earlier
 
 
-def covers(diff: sc.Difference, obs: Observed) -> bool:
-    """Whether ``diff`` declares ``obs``: its kind, place, subject, field and fixed values."""
+def covers(diff: sc.Difference, obs: Observed, expected: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``diff`` declares ``obs``: its kind, place, subject, field and both values
+    (``expected``: each side's value as the declaration gives it for this comparison, its
+    rules computed; by default its fixed values)."""
     if not in_scope(diff, obs.kind, obs.at, obs.subject, obs.field):
         return False
     if diff.blanket:
         return True  # only with sc.ALLOW_BLANKET, to measure the old declarations
-    return all(getattr(obs, side) == value for side, value in diff.fixed.items())
+    values = diff.fixed if expected is None else expected
+    return all(getattr(obs, side) == value for side, value in values.items())
 
 
 def in_place(diff: sc.Difference, kind: str, at: str) -> bool:
@@ -379,16 +380,68 @@ def in_scope(diff: sc.Difference, kind: str, at: str, subject: str, field: str) 
     return in_place(diff, kind, at) and names_subject(diff, subject, field)
 
 
-class Tally:
-    """Counts every comparison a run makes and, per declaration of the run's line, the
-    comparisons in its scope: a comparison there passes whatever the sides say (where
-    the declaration fixes values, only with those values)."""
+@dataclasses.dataclass
+class Count:
+    """One declaration's comparisons in a run: in its scope, of which ``matched`` (the
+    sides agreed: the predicted difference did not show), ``differed`` (with the declared
+    values) and ``otherwise`` (with other values: undeclared, unless another declaration
+    has them); and where the declared difference showed."""
 
-    def __init__(self, declared: Sequence[sc.Difference]) -> None:
+    in_scope: int = 0
+    matched: int = 0
+    differed: int = 0
+    otherwise: int = 0
+    at: set[str] = dataclasses.field(default_factory=set)
+    subjects: set[str] = dataclasses.field(default_factory=set)
+    fields: set[str] = dataclasses.field(default_factory=set)
+    first_matched: str = ""
+    """The first comparison in scope where the sides agreed, for the report."""
+
+    def failures(self, diff: sc.Difference) -> list[str]:
+        """What of the declaration did not come true (nothing: it holds)."""
+        if diff.blanket:
+            return [] if self.differed or self.otherwise else ["no difference in its scope"]
+        out = []
+        if not self.differed:
+            out.append("no comparison in its scope differed with its values")
+        if self.matched:
+            out.append(
+                f"{self.matched} comparisons in its scope agreed (first: {self.first_matched})"
+            )
+        missing_at = [a for a in diff.at if not any(sc.at_matches(a, seen) for seen in self.at)]
+        missing_subjects = sorted(diff.subjects - self.subjects)
+        missing_fields = [f for f in diff.field if f not in self.fields]
+        for what, items in (
+            ("sync points", missing_at),
+            ("subjects", missing_subjects),
+            ("fields", missing_fields),
+        ):
+            if items and self.differed:
+                shown = ", ".join(items[:5]) + (f", ... ({len(items)})" if len(items) > 5 else "")
+                out.append(f"not seen at {what} {shown}")
+        return out
+
+    def render(self) -> str:
+        return f"{self.in_scope} in scope, {self.matched} matched, {self.differed} differed" + (
+            f", {self.otherwise} otherwise" if self.otherwise else ""
+        )
+
+
+class Tally:
+    """Counts every comparison a run makes and checks every declaration of the run's
+    line per comparison (:class:`Count`): each comparison in a declaration's scope must
+    differ with its values (fixed, or computed by its rules from the comparison)."""
+
+    def __init__(
+        self, declared: Sequence[sc.Difference], scenario: sc.Scenario | None = None
+    ) -> None:
         self.declared = list(declared)
+        self.scenario = scenario
         self.total = 0
         self.by_kind: dict[str, int] = {}
-        self.masked = [0] * len(self.declared)
+        self.counts = [Count() for _ in self.declared]
+        self.views: dict[str, _rules.DeviceView] = {}
+        """Sync point -> our cache's view of every device (for ``entry-from-our-view``)."""
         # (kind, place) -> the declarations naming it. A big driver's sync point compares
         # ~38,000 device fields against ~40 declarations: matching the place once per
         # sync point instead of once per comparison took a 16,384-device run's tally from
@@ -396,16 +449,66 @@ class Tally:
         # set lookup per comparison.
         self._by_place: dict[tuple[str, str], tuple[int, ...]] = {}
 
-    def compare(self, kind: str, at: str, subject: str, field: str) -> None:
+    @property
+    def masked(self) -> list[int]:
+        """Per declaration: the comparisons in its scope."""
+        return [c.in_scope for c in self.counts]
+
+    def compare(self, kind: str, at: str, subject: str, field: str, ours: Any, twin: Any) -> None:
+        """One comparison and the values each side gave."""
         self.total += 1
         self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
         for i in self._named(kind, at):
-            if names_subject(self.declared[i], subject, field):
-                self.masked[i] += 1
+            diff = self.declared[i]
+            if not names_subject(diff, subject, field):
+                continue
+            count = self.counts[i]
+            count.in_scope += 1
+            if ours == twin:
+                count.matched += 1
+                if not count.first_matched:
+                    count.first_matched = f"at {at}: {subject} {field}"
+            elif diff.blanket or self._as_declared(i, kind, at, subject, field, ours, twin):
+                count.differed += 1
+                count.at.add(at)
+                count.subjects.add(subject)
+                count.fields.add(field)
+            else:
+                count.otherwise += 1
+
+    def expected(self, i: int, kind: str, at: str, subject: str, field: str) -> dict[str, Any]:
+        """Both sides' values as declaration ``i`` gives them for this comparison."""
+        diff = self.declared[i]
+        values = dict(diff.fixed)
+        if diff.rules:
+            if self.scenario is None:
+                raise ValueError(f"{diff.where()}: a rule needs the scenario")
+            comparison = _rules.Comparison(
+                self.scenario, kind, at, subject, field, self.views.get(at, {})
+            )
+            for side, rule in diff.rules.items():
+                values[side] = _rules.RULES[rule](comparison)
+        return values
+
+    def _as_declared(
+        self, i: int, kind: str, at: str, subject: str, field: str, ours: Any, twin: Any
+    ) -> bool:
+        want = self.expected(i, kind, at, subject, field)
+        return want.get("ours") == ours and want.get("twin") == twin
 
     def covering(self, obs: Observed) -> frozenset[int]:
         """The declarations (by index) that declare ``obs``."""
-        return frozenset(i for i in self._named(obs.kind, obs.at) if covers(self.declared[i], obs))
+        return frozenset(
+            i
+            for i in self._named(obs.kind, obs.at)
+            if in_scope(self.declared[i], obs.kind, obs.at, obs.subject, obs.field)
+            and (
+                self.declared[i].blanket
+                or self._as_declared(
+                    i, obs.kind, obs.at, obs.subject, obs.field, obs.ours, obs.twin
+                )
+            )
+        )
 
     def _named(self, kind: str, at: str) -> tuple[int, ...]:
         found = self._by_place.get((kind, at))
@@ -416,11 +519,11 @@ class Tally:
 
 
 class Findings:
-    """The differences one comparison pass keeps: at most ``limit`` undeclared ones (a
-    report names a few), and of the declared ones, one for each declaration it is the
-    first to show. A big driver differs on thousands of devices by design; kept in
-    order up to a limit, those crowded out every declaration whose subjects came later
-    (generated-127: its Unhealthy devices' declarations read "declared but not seen")."""
+    """The differences one comparison pass keeps for the report: at most ``limit``
+    undeclared ones (a report names a few), and of the declared ones, one for each
+    declaration it is the first to show (the :class:`Tally` counts every one of them).
+    A big driver differs on thousands of devices by design; kept in order up to a limit,
+    those crowded out every declaration whose subjects came later."""
 
     def __init__(self, tally: Tally | None, limit: int) -> None:
         self.items: list[Observed] = []
@@ -449,11 +552,20 @@ def classify(
     line: str,
     observed: Iterable[Observed],
     earlier: Iterable[Observed] = (),
+    tally: Tally | None = None,
 ) -> Verdict:
-    declared = declared_on(scenario, line)
+    """The run's verdict: every observed difference declared (its values included), every
+    declaration holding per comparison (``tally``: the run's; none: nothing compared)."""
+    if tally is None:
+        tally = Tally(declared_on(scenario, line), scenario)
     observed = list(observed)
-    unexplained = [o for o in observed if not any(covers(d, o) for d in declared)]
-    seen = [d for d in declared if any(covers(d, o) for o in observed)]
-    missing = [d for d in declared if d not in seen]
-    kept = [o for o in earlier if not any(covers(d, o) for d in declared)]
-    return Verdict(unexplained, missing, seen, kept)
+    unexplained = [o for o in observed if not tally.covering(o)]
+    seen, missing, why = [], [], []
+    for diff, count in zip(tally.declared, tally.counts, strict=True):
+        failed = count.failures(diff)
+        if failed:
+            missing.append(diff)
+            why.append(f"{count.render()}: " + "; ".join(failed))
+        else:
+            seen.append(diff)
+    return Verdict(unexplained, missing, seen, list(earlier), why)

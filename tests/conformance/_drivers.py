@@ -46,6 +46,7 @@ class ScenarioDriver(fakedriver.FakeDriver):
         dra_versions: Iterable[str],
         unimplemented: bool,
         supported_versions: Sequence[str] | None,
+        prepare_errors: int = 0,
     ) -> None:
         super().__init__(
             name,
@@ -58,6 +59,9 @@ class ScenarioDriver(fakedriver.FakeDriver):
         )
         self.answers = {k: list(v) for k, v in answers.items()}
         self.prepared: list[str] = []
+        self.prepare_errors = prepare_errors
+        """NodePrepareResources calls still to fail (a prepare that another driver of the
+        kubelet's batch outlives)."""
 
     def _add_dra_services(self, server: grpc.aio.Server) -> None:
         for version in self.dra_versions:
@@ -86,7 +90,14 @@ class _PerClaim:
         await self._driver._count(f"NodePrepareResources/{self._version}")
         pb = self._pb
         out = {}
+        failing = self._driver.prepare_errors > 0
+        self._driver.prepare_errors -= failing
         for claim in request.claims:
+            if failing:
+                out[claim.uid] = pb.NodePrepareResourceResponse(
+                    error=f"claim {claim.namespace}/{claim.name}: the device is busy (scripted)"
+                )
+                continue
             self._driver.prepared.append(claim.uid)
             devices = self._driver.answers.get(claim.uid)
             if devices is None:

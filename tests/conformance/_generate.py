@@ -22,9 +22,11 @@ differently after a stream end (we keep the last state for its lease, the
 kubelet's clearDriver deleted it), it declares each such device's health and
 message, in our cache and in every status entry that lists it, with both
 values; a message cut inside a character is declared at the sync points where
-our side still shows it, for that device and the status entries that list it.
-A prediction that does not come true fails the run like an undeclared
-difference does.
+both sides show it, for that device and the status entries that list it, with
+both texts (our cut at the character boundary, the kubelet's byte cut as its
+JSON shows it: ``_rules``). Declarations group devices with the same values,
+and each device of a group is checked on its own: a prediction that does not
+come true for one of them fails the run like an undeclared difference does.
 
 The timeline keeps away from what the model does not cover: a short-lease
 device is never reported again before its deadline has passed, a device
@@ -37,8 +39,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Mapping
 from typing import Any
 
+from tests.conformance import _rules
 from tests.conformance import _scenario as sc
 
 LINES = ("1.37", "1.38")
@@ -188,14 +192,18 @@ class _Plan:
     syncs: int = 0
     current: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     split_messages: set[Key] = dataclasses.field(default_factory=set)
-    visible_split: dict[str, set[Key]] = dataclasses.field(default_factory=dict)
-    """Sync point -> devices whose message (cut inside a character) our side shows."""
+    raw: dict[Key, str] = dataclasses.field(default_factory=dict)
+    """The message last reported for each device, before any cut."""
+    visible_split: dict[str, dict[Key, str]] = dataclasses.field(default_factory=dict)
+    """Sync point -> devices whose message (cut inside a character) both sides show, with
+    the message as reported."""
     differing: dict[str, dict[Key, tuple[tuple[str, str], tuple[str, str]]]] = dataclasses.field(
         default_factory=dict
     )
     """Sync point -> devices our kept lease and the kubelet's cleared cache read differently."""
-    split_at: dict[str, set[Key]] = dataclasses.field(default_factory=dict)
-    """Sync point -> devices whose last message was cut inside a character then."""
+    split_at: dict[str, dict[Key, str]] = dataclasses.field(default_factory=dict)
+    """Sync point -> devices whose last message was cut inside a character then (with the
+    message as reported)."""
 
     def __post_init__(self) -> None:
         self.model = _Model(self.users)
@@ -212,7 +220,7 @@ class _Plan:
         self.steps.append({"sync": {"name": name, "announced": predicted}})
         if differ:
             self.differing[name] = differ
-            self.split_at[name] = set(self.split_messages)
+            self.split_at[name] = {k: self.raw[k] for k in self.split_messages}
         # One declaration per (cause, side): the pods only that side announced.
         grouped: dict[tuple[str, bool], list[str]] = {}
         for pod in sorted(ours ^ kubelet):
@@ -223,7 +231,13 @@ class _Plan:
                 {"feature": cause, "kinds": ["announced"], "at": [name], "subject": subjects,
                  "field": ["announced"], "ours": by_ours, "twin": not by_ours}
             )  # fmt: skip
-        shown = {k for k in self.split_messages if self.model.ours_visible(k, self.now)[1]}
+        # Where the caches read differently (a kept lease), the lease declarations have
+        # the message; elsewhere both sides show the cut text, each its own.
+        shown = {
+            k: self.raw[k]
+            for k in self.split_messages
+            if self.model.ours_visible(k, self.now)[1] and k not in differ
+        }
         if shown:
             self.visible_split[name] = shown
 
@@ -290,6 +304,7 @@ def _report_episode(plan: _Plan, driver: str) -> None:
         devices.append(device)
         model_devices.append((name, value, lease))
         plan.last[key] = (value, lease, plan.now)
+        plan.raw[key] = message
         if _cut(message)[1]:
             plan.split_messages.add(key)
         else:
@@ -432,22 +447,27 @@ def scenario(seed: int, *, slow: bool = False) -> sc.Scenario:
 
 
 def _split_declarations(
-    at: str, keys: set[Key], claims: list[dict[str, Any]], pods: list[dict[str, Any]]
+    at: str, keys: dict[Key, str], claims: list[dict[str, Any]], pods: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """``message-char-boundary`` at one sync point: the message of each device whose
     message is cut inside a character, in our cache and in every status entry listing it
-    (entry ``claim:<ref>[/<request>]``, resource ``<driver>/pool/<device>``)."""
+    (entry ``claim:<ref>[/<request>]``, resource ``<driver>/pool/<device>``), with our text
+    and the kubelet's, one declaration per device and place (each has its own texts)."""
     feature = "message-char-boundary"
-    devices = sorted(f"{d}/pool/{n}" for d, n in keys)
-    out = [{"feature": feature, "kinds": ["devices"], "at": [at], "subject": devices,
-            "field": ["message"]}]  # fmt: skip
-    fields: dict[str, set[str]] = {}  # subject -> fields
-    for key, subject, resource in _listings(claims, pods):
-        if key in keys:
-            fields.setdefault(subject, set()).add(f"{resource} message")
-    for subject, names in sorted(fields.items()):
-        out.append({"feature": feature, "kinds": ["status"], "at": [at],
-                    "subject": [subject], "field": sorted(names)})  # fmt: skip
+    out = []
+    for (driver, name), raw in sorted(keys.items()):
+        ours, twin = _rules.cut_at_character(raw), _rules.cut_bytes(raw)
+        out.append({"feature": feature, "kinds": ["devices"], "at": [at],
+                    "subject": [f"{driver}/pool/{name}"], "field": ["message"],
+                    "ours": ours, "twin": twin})  # fmt: skip
+        fields: dict[str, set[str]] = {}  # subject -> fields
+        for key, subject, resource in _listings(claims, pods):
+            if key == (driver, name):
+                fields.setdefault(subject, set()).add(f"{resource} message")
+        for subject, names in sorted(fields.items()):
+            out.append({"feature": feature, "kinds": ["status"], "at": [at],
+                        "subject": [subject], "field": sorted(names),
+                        "ours": ours, "twin": twin})  # fmt: skip
     return out
 
 
@@ -456,23 +476,28 @@ def _lease_declarations(
     reads: dict[Key, tuple[tuple[str, str], tuple[str, str]]],
     claims: list[dict[str, Any]],
     pods: list[dict[str, Any]],
-    split: set[Key] = frozenset(),  # type: ignore[assignment]
+    split: Mapping[Key, str] | None = None,
 ) -> list[dict[str, Any]]:
     """``lease-outlives-stream`` at one sync point: each device field (health, message)
     our kept lease reads otherwise than the kubelet's cleared cache, in both caches and in
-    every status entry listing the device, grouped by the two values."""
+    every status entry listing the device, grouped by the two values (a message cut
+    inside a character: our cut of it, the model keeping the kubelet's)."""
+    split = split or {}
     # (kind, status subject or "", ours, twin) -> devices, or the subject's fields
     groups: dict[tuple[str, str, str, str], set[str]] = {}
     listed = _listings(claims, pods)
     for key, (mine, theirs) in reads.items():
         for i, name in enumerate(("health", "message")):
-            if mine[i] == theirs[i] or (name == "message" and key in split):
-                continue  # a message cut inside a character: message-char-boundary's
+            if mine[i] == theirs[i]:
+                continue
+            value = mine[i]
+            if name == "message" and key in split:
+                value = _rules.cut_at_character(split[key])
             device = f"{key[0]}/pool/{key[1]}"
-            groups.setdefault(("devices", name, mine[i], theirs[i]), set()).add(device)
+            groups.setdefault(("devices", name, value, theirs[i]), set()).add(device)
             for k, subject, resource in listed:
                 if k == key:
-                    group = groups.setdefault(("status", subject, mine[i], theirs[i]), set())
+                    group = groups.setdefault(("status", subject, value, theirs[i]), set())
                     group.add(f"{resource} {name}")
     out: list[dict[str, Any]] = []
     for (kind, where, mine_v, theirs_v), names in sorted(groups.items()):

@@ -94,8 +94,8 @@ class RunResult:
     """Comparisons the run made (the last attempt)."""
     by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
     """The same, per kind (``status``, ``sidecar``, ``devices``...)."""
-    masked: list[tuple[sc.Difference, int]] = dataclasses.field(default_factory=list)
-    """Per declaration of the line: the comparisons in its scope (what it could mask)."""
+    counts: list[tuple[sc.Difference, _compare.Count]] = dataclasses.field(default_factory=list)
+    """Per declaration of the line: its comparisons (in scope, matched, differed)."""
     earlier: list[_compare.Observed] = dataclasses.field(default_factory=list)
     """Everything attempts that failed on timing observed (their undeclared differences
     are in ``verdict.earlier`` and fail the run)."""
@@ -125,8 +125,8 @@ class RunResult:
                 "  UNDECLARED (in an attempt that then failed on timing) "
                 + obs.render().replace("\n", "\n  ")
             )
-        for diff in self.verdict.missing:
-            lines.append(f"  DECLARED BUT NOT SEEN: {diff.where()}")
+        for diff, why in zip(self.verdict.missing, self.verdict.why, strict=False):
+            lines.append(f"  DECLARED BUT NOT SEEN: {diff.where()}\n    ({why})")
         return "\n".join(lines)
 
 
@@ -171,7 +171,7 @@ class Run:
         self.drivers: dict[tuple[str, str], Driver] = {}
         self.registered: dict[tuple[str, str], str] = {}  # (driver, endpoint name) -> socket
         self.observed: list[_compare.Observed] = []
-        self.tally = _compare.Tally(_compare.declared_on(scenario, line))
+        self.tally = _compare.Tally(_compare.declared_on(scenario, line), scenario)
         self.at = "setup"
         self.claims = {c.name: _objects.claim_object(scenario, c) for c in scenario.claims}
         self.pods = {p.name: _objects.pod_object(scenario, p) for p in scenario.pods}
@@ -196,26 +196,25 @@ class Run:
                 await self._step(step)
             self.at = "end"
             await self._final()
-            self.tally.compare("twin", self.at, "twin", "exit")
+            self.tally.compare("twin", self.at, "twin", "exit", "running", "running")
         except _twinlike.TwinTimeout as exc:
             timing = TimingError(f"the twin fell behind: {exc}")
-            timing.observed = self.observed
+            timing.observed = self._undeclared()
             raise timing from None
         except _twinlike.TwinCrashed as exc:
-            self.tally.compare("twin", self.at, "twin", "exit")
+            reason = _crash_reason(str(exc))
+            self.tally.compare("twin", self.at, "twin", "exit", "running", reason)
             self.observed.append(
-                _compare.Observed(
-                    "twin", self.at, "twin", "running", _crash_reason(str(exc)), "exit", str(exc)
-                )
+                _compare.Observed("twin", self.at, "twin", "running", reason, "exit", str(exc))
             )
         except TimingError as exc:
-            exc.observed = self.observed
+            exc.observed = self._undeclared()
             raise
         except Exception as exc:
             error = f"{self.at}: {type(exc).__name__}: {exc}"
         finally:
             await self._teardown()
-        verdict = _compare.classify(self.scenario, self.line, self.observed)
+        verdict = _compare.classify(self.scenario, self.line, self.observed, tally=self.tally)
         return RunResult(
             self.scenario.name,
             self.line,
@@ -226,8 +225,13 @@ class Run:
             error,
             compared=self.tally.total,
             by_kind=dict(self.tally.by_kind),
-            masked=list(zip(self.tally.declared, self.tally.masked, strict=True)),
+            counts=list(zip(self.tally.declared, self.tally.counts, strict=True)),
         )
+
+    def _undeclared(self) -> list[_compare.Observed]:
+        """What this attempt observed that no declaration has (it fails the run even if a
+        later attempt keeps its timing)."""
+        return [o for o in self.observed if not self.tally.covering(o)]
 
     async def _setup(self) -> None:
         twin_dir = self.dir / "twin"
@@ -350,6 +354,7 @@ class Run:
                 dra_versions=spec.dra_versions,
                 unimplemented=spec.unimplemented,
                 supported_versions=spec.services,
+                prepare_errors=spec.prepare_errors,
             )
         old = self.drivers.get((spec.name, endpoint))
         if old is not None and old._devices is not None:
@@ -383,7 +388,10 @@ class Run:
         # Subjects name the scenario's endpoint ("main"), not the run's socket path.
         self._compare_registration(driver, endpoint, twin, ours, refused=False)
         subject = f"register {driver} at {endpoint}"
-        self.tally.compare("registration", self.at, subject, "health stream")
+        if twin.get("ok") and ours is None:
+            self.tally.compare(
+                "registration", self.at, subject, "health stream", ours_stream, twin_stream
+            )
         if twin.get("ok") and ours is None and ours_stream != twin_stream:
             self.observed.append(
                 _compare.Observed(
@@ -429,7 +437,7 @@ class Run:
         twin_out = "accepted" if twin.get("ok") else "refused"
         ours_out = "accepted" if ours is None else "refused"
         subject = f"register {driver} at {endpoint}"
-        self.tally.compare("registration", self.at, subject, "outcome")
+        self.tally.compare("registration", self.at, subject, "outcome", ours_out, twin_out)
         expected = "refused" if refused else "accepted"
         detail = f"ours: {ours or 'accepted'}; twin: {twin.get('error') or 'accepted'}"
         if twin_out != ours_out or ours_out != expected:
@@ -442,9 +450,9 @@ class Run:
             )
             return
         if ours is not None:
-            self.tally.compare("registration", self.at, subject, "reason")
             mine = _compare.refusal_rule(ours)
             theirs = _compare.refusal_rule(str(twin.get("error") or ""))
+            self.tally.compare("registration", self.at, subject, "reason", mine, theirs)
             if mine != theirs:
                 self.observed.append(
                     _compare.Observed(
@@ -626,7 +634,8 @@ class Run:
                 f"twin: {twin_error or 'prepared'}; ours: {ours or 'prepared'}"
             )
         self._compare_prepare(name, ours, twin_error, fails=fails)
-        if not ours and not twin_error and self.line in PREPARED_LINES:
+        compared = self.line in PREPARED_LINES or self.scenario.compare_prepared
+        if not ours and not twin_error and compared:
             self._compare_prepared_devices(name)
         if self.sidecar is not None and not twin_error:
             self.sidecar.started(pod)
@@ -641,7 +650,7 @@ class Run:
         expected = "failed" if fails else "prepared"
         ours_out = "failed" if ours else "prepared"
         twin_out = "failed" if twin_error else "prepared"
-        self.tally.compare("prepare", self.at, subject, "outcome")
+        self.tally.compare("prepare", self.at, subject, "outcome", ours_out, twin_out)
         detail = f"ours: {ours or 'prepared'}; twin: {twin_error or 'prepared'}"
         if ours_out != twin_out or ours_out != expected:
             if ours_out == twin_out:
@@ -653,10 +662,10 @@ class Run:
             )
             return
         if ours and twin_error:
-            self.tally.compare("prepare", self.at, subject, "claims named")
             claims = [c.claim for c in self.scenario.pod(name).claims]
             mine = sorted(c for c in claims if c in ours)
             theirs = sorted(c for c in claims if c in twin_error)
+            self.tally.compare("prepare", self.at, subject, "claims named", mine, theirs)
             if mine != theirs:
                 self.observed.append(
                     _compare.Observed(
@@ -677,9 +686,9 @@ class Run:
         for ref in self.scenario.pod(name).claims:
             key = (namespace, ref.claim)
             subject = f"pod {name} claim {ref.claim}"
-            self.tally.compare("prepare", self.at, subject, "devices")
             mine = _prepared(self.ours.claim_devices.get(key, ()))
             theirs = _prepared(twin_claims.get(key, ()))
+            self.tally.compare("prepare", self.at, subject, "devices", mine, theirs)
             if mine != theirs:
                 self.observed.append(
                     _compare.Observed("prepare", self.at, subject, mine, theirs, "devices")
@@ -690,7 +699,10 @@ class Run:
         if self.sidecar is not None:
             self.sidecar.ended(pod)
         reply = await self.twin.unprepare(pod)
-        self.tally.compare("prepare", self.at, f"pod {args.pod}", "unprepare")
+        self.tally.compare(
+            "prepare", self.at, f"pod {args.pod}", "unprepare",
+            "unprepared", "unprepared" if reply.get("ok") else "failed",
+        )  # fmt: skip
         if not reply.get("ok"):
             self.observed.append(
                 _compare.Observed(
@@ -749,7 +761,11 @@ class Run:
         return ""
 
     async def _compare_at(self, args: sc.Sync) -> None:
-        reply = await self._twin_ok("sync", self.twin.sync(list(self.pods.values())))
+        reply = await self._twin_ok("sync", self.twin.sync(list(self.pods.values()), self.keys))
+        # Our cache at the same sync point, before anything else is compared: a rule
+        # (entry-from-our-view) reads it for the status entries.
+        our_view = self.ours.devices(self.keys)
+        self.tally.views[args.name] = our_view
         announced = self.ours.take_announced()
         twin_announced = {self.names.get(u, u) for u in reply.get("announced") or ()}
         ours_announced = {self.names.get(u, u) for u in announced}
@@ -775,19 +791,19 @@ class Run:
                 )  # fmt: skip
                 why = self.sidecar.explain(pod) if differs else ""
                 self.observed += [dataclasses.replace(o, detail=why) for o in differs]
-        state = (await self._twin_ok("state", self.twin.state())).get("state")
-        now = time.time()
-        self.observed += _compare.compare_devices(
-            args.name, self.ours.devices(self.keys), state, now, tally=self.tally
-        )
+        # The twin's view: what the kubelet's own getHealthInfo returned for each device
+        # in that sync reply, in the order the runner asked.
+        twin_view = dict(zip(self.keys, reply.get("devices") or (), strict=False))
+        self.observed += _compare.compare_devices(args.name, our_view, twin_view, tally=self.tally)
         if self.scenario.compare_stored:
+            state = (await self._twin_ok("state", self.twin.state())).get("state")
             await self._compare_stored(args.name, state)
 
     async def _compare_stored(self, at: str, state: Any) -> None:
         rows, error = await _cache_show(self.dir / "ours", flag="--state-dir")
         ours = sorted("/".join(_compare.row_key(r)) for r in rows)
         twin = sorted("/".join(_compare.row_key(r)) for r in _compare.checkpoint_rows(state))
-        self.tally.compare("stored", at, "stored", "devices")
+        self.tally.compare("stored", at, "stored", "devices", error or ours, twin)
         if error or ours != twin:
             self.observed.append(
                 _compare.Observed("stored", at, "stored", error or ours, twin, "devices")
@@ -882,7 +898,7 @@ class Run:
             if after.get("raw") == before.get("raw"):
                 break  # the CLI read what the twin's view shows (no reconnect in between)
         state = after.get("state")
-        self.tally.compare("checkpoint", "end", "cache show", "exit")
+        self.tally.compare("checkpoint", "end", "cache show", "exit", error, "")
         if error:
             self.observed.append(
                 _compare.Observed(
@@ -991,12 +1007,14 @@ async def run_one(
             result = await Run(scenario, line, twin, workdir, gohelper).execute()
             result.attempts = attempt
             result.earlier = seen
-            result.verdict = _compare.classify(scenario, line, result.observed, seen)
+            result.verdict = dataclasses.replace(
+                result.verdict, earlier=_undeclared(scenario, line, seen)
+            )
             return result
         except TimingError as exc:
             seen += exc.observed
             if attempt == ATTEMPTS:
-                verdict = _compare.classify(scenario, line, [], seen)
+                verdict = _compare.classify(scenario, line, [], _undeclared(scenario, line, seen))
                 return RunResult(
                     scenario.name, line, "", time.monotonic() - began, [], verdict,
                     f"timing could not be kept in {ATTEMPTS} attempts: {exc}", ATTEMPTS,
@@ -1006,6 +1024,14 @@ async def run_one(
             if not keep:
                 shutil.rmtree(workdir, ignore_errors=True)
     raise AssertionError("unreachable")
+
+
+def _undeclared(
+    scenario: sc.Scenario, line: str, observed: Sequence[_compare.Observed]
+) -> list[_compare.Observed]:
+    """Of what failed attempts observed, what no declaration of the line has."""
+    tally = _compare.Tally(_compare.declared_on(scenario, line), scenario)
+    return [o for o in observed if not tally.covering(o)]
 
 
 async def run_all(

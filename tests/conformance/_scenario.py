@@ -151,6 +151,9 @@ class Driver(_Model):
     """Every health stream is answered with UNIMPLEMENTED."""
     registered: bool = True
     """Registered on both sides before the timeline starts."""
+    prepare_errors: int = pydantic.Field(default=0, ge=0, le=100)
+    """Its first this many ``NodePrepareResources`` calls (from either side; each side
+    makes one per prepare attempt) answer an error for every claim (FakeDriver only)."""
 
     @property
     def go_helper(self) -> bool:
@@ -158,7 +161,8 @@ class Driver(_Model):
 
     @pydantic.model_validator(mode="after")
     def _helper_serves(self) -> Driver:
-        fixed = {"health_versions", "dra_versions", "services"} & self.model_fields_set
+        fixed = {"health_versions", "dra_versions", "services", "prepare_errors"}
+        fixed &= self.model_fields_set
         if self.go_helper and fixed:
             raise ValueError(
                 f"driver {self.name!r}: {', '.join(sorted(fixed))} cannot be chosen for "
@@ -392,6 +396,9 @@ def _short(exc: pydantic.ValidationError) -> str:
     )
 
 
+RULE_NAMES = ("message-cut-at-character", "message-cut-bytes", "entry-from-our-view")
+"""Rules a declaration can name for a side's value (``tests/conformance/_rules.py``)."""
+
 ALLOW_BLANKET = False
 """Whether a declaration may leave out its scope (``subject`` and ``field``): only to
 measure what the old, blanket declarations masked (``_suite --allow-blanket``)."""
@@ -426,6 +433,11 @@ class Difference(_Model):
     where it is not fixed)."""
     twin: Any = None
     """The kubelet's value, where it is fixed."""
+    ours_rule: str = ""
+    """Where our value depends on the comparison: the rule that computes it (one of
+    :data:`RULE_NAMES`, ``tests/conformance/_rules.py``) instead of ``ours``."""
+    twin_rule: str = ""
+    """The same for the kubelet's value."""
     note: str = ""
 
     @pydantic.field_validator("feature")
@@ -464,6 +476,23 @@ class Difference(_Model):
         return value
 
     @pydantic.model_validator(mode="after")
+    def _both_sides(self) -> Difference:
+        if ALLOW_BLANKET or self.blanket:
+            return self  # _scoped says what is missing
+        for side in ("ours", "twin"):
+            rule = getattr(self, f"{side}_rule")
+            if rule and rule not in RULE_NAMES:
+                raise ValueError(f"unknown {side}_rule {rule!r} (one of {', '.join(RULE_NAMES)})")
+            if rule and side in self.model_fields_set:
+                raise ValueError(f"difference {self.feature}: give {side} or {side}_rule, not both")
+            if not rule and side not in self.model_fields_set:
+                raise ValueError(
+                    f"difference {self.feature}: a declaration fixes both sides' values; give "
+                    f"{side} (null included) or {side}_rule"
+                )
+        return self
+
+    @pydantic.model_validator(mode="after")
     def _scoped(self) -> Difference:
         if not self.blanket or ALLOW_BLANKET:
             return self
@@ -483,6 +512,13 @@ class Difference(_Model):
         """The sides whose value the declaration fixes."""
         return {k: getattr(self, k) for k in ("ours", "twin") if k in self.model_fields_set}
 
+    @property
+    def rules(self) -> dict[str, str]:
+        """The sides whose value a rule computes, with the rule's name."""
+        return {
+            k: getattr(self, f"{k}_rule") for k in ("ours", "twin") if getattr(self, f"{k}_rule")
+        }
+
     def where(self) -> str:
         """One line naming the scope (for reports)."""
         parts = [f"{self.feature} ({', '.join(self.kinds)})"]
@@ -497,8 +533,14 @@ class Difference(_Model):
             parts.append("on " + ", ".join(shown))
         if self.field:
             parts.append("field " + ", ".join(self.field))
-        parts += [f"{k} = {v!r}" for k, v in self.fixed.items()]
+        parts += [f"{k} = {_short_value(v)}" for k, v in self.fixed.items()]
+        parts += [f"{k} by rule {v}" for k, v in self.rules.items()]
         return " ".join(parts)
+
+
+def _short_value(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
 
 
 def at_matches(declared: str, at: str) -> bool:
@@ -571,6 +613,9 @@ class Scenario(_Model):
     compare_stored: bool = False
     """Also compare which devices each side stores (our store through ``cache show
     --state-dir``, the twin's checkpoint) at every sync point."""
+    compare_prepared: bool = False
+    """Compare the devices each side recorded per claim after every prepare both made on
+    every line of the scenario (by default only on the runner's ``PREPARED_LINES``)."""
     timeline: tuple[Step, ...]
     differences: tuple[Difference, ...] = ()
     generated: bool = False

@@ -70,34 +70,33 @@ async def run_line(
 
 
 def masked_summary(results: Sequence[_runner.RunResult], *, detail: bool = False) -> str:
-    """Per feature: the comparisons its declarations had in scope (could mask) and the
-    differences they explained, against every comparison of the runs."""
+    """Per feature: its declarations' comparisons (in scope, matched: the sides agreed,
+    differed: with the declared values), against every comparison of the runs; with
+    ``detail``, the same per declaration."""
     total = sum(r.compared for r in results)
-    scope: collections.Counter[str] = collections.Counter()
-    explained: collections.Counter[str] = collections.Counter()
+    counts: dict[str, _compare.Count] = collections.defaultdict(_compare.Count)
     declarations: collections.Counter[str] = collections.Counter()
     runs: dict[str, set[str]] = collections.defaultdict(set)
     rows = []
     for result in results:
-        for diff, count in result.masked:
-            covered = sum(1 for o in result.observed if _compare.covers(diff, o))
-            scope[diff.feature] += count
-            explained[diff.feature] += covered
+        for diff, count in result.counts:
+            summed = counts[diff.feature]
+            summed.in_scope += count.in_scope
+            summed.matched += count.matched
+            summed.differed += count.differed
+            summed.otherwise += count.otherwise
             declarations[diff.feature] += 1
             runs[diff.feature].add(result.scenario)
             if detail:
-                rows.append(
-                    f"    {result.scenario}: {count} in scope, {covered} seen: {diff.where()}"
-                )
+                rows.append(f"    {result.scenario}: {count.render()}: {diff.where()}")
     sidecar = sum(r.by_kind.get("sidecar", 0) for r in results)
     lines = [f"  comparisons: {total} in {len(results)} runs"]
     if sidecar:
         status = sum(r.by_kind.get("status", 0) for r in results)
         lines[0] += f" (status: {status} of the node agent, {sidecar} of the sidecar)"
-    for feature in sorted(scope):
+    for feature in sorted(counts):
         lines.append(
-            f"  masked by {feature}: {scope[feature]} comparisons in scope, "
-            f"{explained[feature]} differences explained ({declarations[feature]} "
+            f"  declared {feature}: {counts[feature].render()} ({declarations[feature]} "
             f"declarations in {len(runs[feature])} scenarios)"
         )
     return "\n".join(lines + rows)
@@ -117,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--line", action="append", help="kubelet line, e.g. 1.38 (repeatable)")
     parser.add_argument("--generated", type=int, default=0, help="generated scenarios to add")
     parser.add_argument("--only-generated", action="store_true")
+    parser.add_argument(
+        "--seed", type=int, action="append", default=[], help="a generated seed to add"
+    )
     parser.add_argument("--concurrency", type=int, default=24)
     parser.add_argument("--write-matrix", action="store_true")
     parser.add_argument("--masked-detail", action="store_true", help="per declaration")
@@ -134,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.names:
         scenarios = [s for s in scenarios if s.name in ns.names]
     scenarios += generated(range(1, ns.generated + 1)) if ns.generated else []
+    scenarios += generated(ns.seed) if ns.seed else []
     lines = ns.line or list(sc.LINES)
     status = 0
     results: dict[str, list[_runner.RunResult]] = {}

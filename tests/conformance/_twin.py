@@ -33,7 +33,7 @@ from tests.interop import _build
 TWIN_DIR = Path(__file__).resolve().parent / "twin"
 
 #: The upstream lines, oldest first (the newest patch of each minor, then the beta).
-LINES: tuple[str, ...] = ("v1.34.4", "v1.35.4", "v1.36.3", "v1.37.2", "v1.38.0-beta.0")
+LINES: tuple[str, ...] = ("v1.34.4", "v1.35.5", "v1.36.4", "v1.37.2", "v1.38.0-beta.0")
 
 #: Module directory per line (tests/conformance/twin/<dir>): "v1.37.2" -> "v137".
 LINE_DIRS: dict[str, str] = {v: "v" + "".join(v[1:].split(".")[:2]) for v in LINES}
@@ -45,14 +45,14 @@ TOOLCHAINS: dict[str, str] = {"v1.38.0-beta.0": "go1.27.3"}
 #: driver advertises from 1.37 on; up to 1.36 it always opens v1alpha1).
 HEALTH_VERSIONS: dict[str, tuple[str, ...]] = {
     "v1.34.4": ("v1alpha1",),
-    "v1.35.4": ("v1alpha1",),
-    "v1.36.3": ("v1alpha1",),
+    "v1.35.5": ("v1alpha1",),
+    "v1.36.4": ("v1alpha1",),
     "v1.37.2": ("v1", "v1alpha1"),
     "v1.38.0-beta.0": ("v1", "v1alpha1"),
 }
 
 #: Lines with the ResourceHealthStatusMessage gate (the message reaches the pod status).
-MESSAGE_LINES: frozenset[str] = frozenset({"v1.36.3", "v1.37.2", "v1.38.0-beta.0"})
+MESSAGE_LINES: frozenset[str] = frozenset({"v1.36.4", "v1.37.2", "v1.38.0-beta.0"})
 
 #: Seconds for one reply; registration, prepare and stop finish in well under a second.
 DEFAULT_TIMEOUT = 30.0
@@ -313,14 +313,19 @@ class Twin:
         return self.call({"op": "unprepare", "pod": pod})
 
     def sync(
-        self, pods: Iterable[Mapping[str, Any]], *, settle_ms: int | None = None
+        self,
+        pods: Iterable[Mapping[str, Any]],
+        *,
+        settle_ms: int | None = None,
+        devices: Iterable[Sequence[str]] = (),
     ) -> dict[str, Any]:
-        """Announced pod UIDs since the last sync and each pod's status after the update.
+        """Announced pod UIDs since the last sync, each pod's status after the update and
+        each of ``devices`` ((driver, pool, device)) as the manager's getHealthInfo reads it.
 
         ``settle_ms`` (the twin's default: 100) is how long the twin first waits for quiet
         after the last checkpoint write or notification (see PROTOCOL.md).
         """
-        request: dict[str, Any] = {"op": "sync", "pods": list(pods)}
+        request: dict[str, Any] = {"op": "sync", "pods": list(pods), "devices": list(devices)}
         if settle_ms is not None:
             request["settleMs"] = settle_ms
         return self.call(request)

@@ -35,7 +35,9 @@ class TwinLike(Protocol):
 
     async def unprepare(self, pod: Mapping[str, Any]) -> Reply: ...
 
-    async def sync(self, pods: Sequence[Mapping[str, Any]]) -> Reply: ...
+    async def sync(
+        self, pods: Sequence[Mapping[str, Any]], devices: Sequence[Sequence[str]] = ()
+    ) -> Reply: ...
 
     async def pause_updates(self) -> Reply: ...
 
@@ -144,8 +146,12 @@ class ProcessTwin:
     async def unprepare(self, pod: Mapping[str, Any]) -> Reply:
         return await self.call("unprepare", pod=pod)
 
-    async def sync(self, pods: Sequence[Mapping[str, Any]]) -> Reply:
-        return await self.call("sync", pods=list(pods))
+    async def sync(
+        self, pods: Sequence[Mapping[str, Any]], devices: Sequence[Sequence[str]] = ()
+    ) -> Reply:
+        """Each pod's status and each of ``devices`` as the kubelet's getHealthInfo reads
+        it (``devices`` in the reply, in the same order)."""
+        return await self.call("sync", pods=list(pods), devices=[list(d) for d in devices])
 
     async def state(self) -> Reply:
         return await self.call("state")

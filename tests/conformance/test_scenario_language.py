@@ -15,7 +15,7 @@ import types
 import pydantic
 import pytest
 
-from tests.conformance import _compare, _generate, _matrix, _runner
+from tests.conformance import _compare, _generate, _matrix, _rules, _runner
 from tests.conformance import _scenario as sc
 
 WRITTEN = sc.load_all()
@@ -91,7 +91,8 @@ pods: [{name: p, claims: [{name: gpu, claim: c}], containers: [{name: main, clai
         ("timeline: [{sync: a}]\ndifferences: [{feature: terminated-pods, kinds: [colour]}]",
          "unknown kind 'colour'"),
         ("timeline: [{sync: a}]\ndifferences: [{feature: terminated-pods, kinds: [status], "
-         "at: [b], subject: pod p, field: entry claim:gpu}]", "unknown sync point 'b'"),
+         "at: [b], subject: pod p, field: entry claim:gpu, ours: null, twin: null}]",
+         "unknown sync point 'b'"),
         ("timeline: [{sync: a}]\ndifferences: [{feature: terminated-pods, kinds: [status]}]",
          "difference terminated-pods: a declaration names where it shows; give at, subject, "
          "field (see 'Declared differences' in docs/conformance.md)"),
@@ -201,6 +202,16 @@ def _result(name: str, pod: str = "p", ours: bool = True) -> _compare.Observed:
     return _compare.Observed("announced", f"sync {name}", f"pod {pod}", ours, not ours, "announced")
 
 
+def _verdict(
+    scenario: sc.Scenario, line: str, observed: list[_compare.Observed]
+) -> _compare.Verdict:
+    """classify as a run does: every observed difference was a comparison of the tally."""
+    tally = _compare.Tally(_compare.declared_on(scenario, line), scenario)
+    for o in observed:
+        tally.compare(o.kind, o.at, o.subject, o.field, o.ours, o.twin)
+    return _compare.classify(scenario, line, observed, tally=tally)
+
+
 def test_classify_needs_every_difference_declared_and_every_declaration_seen() -> None:
     scenario = sc.Scenario.model_validate(
         {
@@ -212,23 +223,24 @@ def test_classify_needs_every_difference_declared_and_every_declaration_seen() -
                 {"feature": "unknown-at-deadline", "kinds": ["announced"], "at": ["a"],
                  "subject": "pod p", "field": "announced", "ours": True, "twin": False},
                 {"feature": "sorted-output", "lines": "<1.38", "kinds": ["status"], "at": "b",
-                 "subject": "pod p containerStatuses[c]", "field": "entry claim:a order"},
+                 "subject": "pod p containerStatuses[c]", "field": "entry claim:a order",
+                 "ours": ["r1", "r2"], "twin": ["r2", "r1"]},
             ],
         }
     )  # fmt: skip
-    verdict = _compare.classify(scenario, "1.38", [_result("a")])
+    verdict = _verdict(scenario, "1.38", [_result("a")])
     assert verdict.ok and [d.feature for d in verdict.seen] == ["unknown-at-deadline"]
-    verdict = _compare.classify(scenario, "1.38", [_result("b")])
+    verdict = _verdict(scenario, "1.38", [_result("b")])
     assert verdict.unexplained == [_result("b")]
     assert [d.feature for d in verdict.missing] == ["unknown-at-deadline"]
-    verdict = _compare.classify(scenario, "1.37", [_result("a")])
+    verdict = _verdict(scenario, "1.37", [_result("a")])
     assert [d.feature for d in verdict.missing] == ["sorted-output"]
     # Scoped: another pod, another side's value, another field are not covered.
     for other in (_result("a", pod="q"), _result("a", ours=False)):
-        assert _compare.classify(scenario, "1.38", [_result("a"), other]).unexplained == [other]
+        assert _verdict(scenario, "1.38", [_result("a"), other]).unexplained == [other]
     order = _compare.Observed("status", "sync b", "pod p containerStatuses[c]", [], [], "")
     health = dataclasses.replace(order, field="entry claim:a resource r1 health")
-    assert _compare.classify(scenario, "1.37", [health]).unexplained == [health]
+    assert _verdict(scenario, "1.37", [health]).unexplained == [health]
 
 
 def test_blanket_declarations_load_only_to_measure_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,8 +249,8 @@ def test_blanket_declarations_load_only_to_measure_them(monkeypatch: pytest.Monk
     assert old.blanket
     tally = _compare.Tally([old])
     for field in ("entry claim:a order", "entry claim:a resource r health"):
-        tally.compare("status", "sync s", "pod p containerStatuses[c]", field)
-    tally.compare("devices", "sync s", "d/pool/x", "health")
+        tally.compare("status", "sync s", "pod p containerStatuses[c]", field, 1, 2)
+    tally.compare("devices", "sync s", "d/pool/x", "health", "a", "b")
     assert (tally.total, tally.masked) == (3, [2])
 
 
@@ -328,14 +340,132 @@ def test_status_order_counts_from_1_38_only() -> None:
     assert "--- twin (kubelet)" in found[0].render()
 
 
-def test_twin_view_reads_the_checkpoint_like_get_health_info() -> None:
-    entry = {"Health": "Unhealthy", "Message": "m", "LastUpdated": "2026-12-01T00:00:00Z",
-             "HealthCheckTimeout": 2_000_000_000}  # fmt: skip
-    at = _compare.go_time("2026-12-01T00:00:00Z")
-    assert _compare.twin_view(entry, at + 2.0) == ("Unhealthy", "m")
-    assert _compare.twin_view(entry, at + 2.001) == ("Unknown", "")
-    assert _compare.twin_view(None, at) == ("Unknown", "")
-    assert _compare.twin_view({**entry, "HealthCheckTimeout": 0}, at + 29) == ("Unhealthy", "m")
+def _devices_scenario(count: int, **declared: object) -> sc.Scenario:
+    devices = [f"d/pool/x{i}" for i in range(count)]
+    return sc.Scenario.model_validate(
+        {
+            "name": "x", "description": "x", "drivers": [{"name": "d"}],
+            "timeline": [{"sync": "a"}],
+            "differences": [
+                {"feature": "lease-outlives-stream", "kinds": ["devices"], "at": "a",
+                 "subject": devices, "field": "health", **declared}
+            ],
+        }
+    )  # fmt: skip
+
+
+def test_a_declaration_is_checked_for_every_device_it_names() -> None:
+    # Seen failing: with Count.failures counting a declaration held once any comparison
+    # differed (the rule before), the one device that agreed passed.
+    scenario = _devices_scenario(1000, ours="Healthy", twin="Unknown")
+    tally = _compare.Tally(scenario.differences, scenario)
+    for i in range(1000):
+        tally.compare("devices", "a", f"d/pool/x{i}", "health", "Healthy", "Unknown")
+    verdict = _compare.classify(scenario, "1.38", [], tally=tally)
+    assert verdict.ok
+    assert tally.counts[0].render() == "1000 in scope, 0 matched, 1000 differed"
+    # One device of the thousand reads the same on both sides: its prediction failed.
+    tally = _compare.Tally(scenario.differences, scenario)
+    for i in range(1000):
+        ours = "Unknown" if i == 500 else "Healthy"
+        tally.compare("devices", "a", f"d/pool/x{i}", "health", ours, "Unknown")
+    verdict = _compare.classify(scenario, "1.38", [], tally=tally)
+    assert not verdict.ok and verdict.missing == list(scenario.differences)
+    assert "1 comparisons in its scope agreed (first: at a: d/pool/x500 health)" in verdict.why[0]
+    # A device it names that was never compared: not seen for that subject.
+    tally = _compare.Tally(scenario.differences, scenario)
+    for i in range(999):
+        tally.compare("devices", "a", f"d/pool/x{i}", "health", "Healthy", "Unknown")
+    verdict = _compare.classify(scenario, "1.38", [], tally=tally)
+    assert "not seen at subjects d/pool/x999" in verdict.why[0]
+
+
+def test_a_difference_with_other_values_is_undeclared() -> None:
+    scenario = _devices_scenario(2, ours="Healthy", twin="Unknown")
+    tally = _compare.Tally(scenario.differences, scenario)
+    odd = _compare.Observed("devices", "a", "d/pool/x1", "Unhealthy", "Unknown", "health")
+    tally.compare("devices", "a", "d/pool/x0", "health", "Healthy", "Unknown")
+    tally.compare(odd.kind, odd.at, odd.subject, odd.field, odd.ours, odd.twin)
+    verdict = _compare.classify(scenario, "1.38", [odd], tally=tally)
+    assert verdict.unexplained == [odd]
+    assert tally.counts[0].render() == "2 in scope, 0 matched, 1 differed, 1 otherwise"
+
+
+def test_every_declaration_fixes_both_sides_or_names_a_rule() -> None:
+    base = {"feature": "message-char-boundary", "kinds": ["devices"], "at": "a",
+            "subject": "d/pool/x", "field": "message"}  # fmt: skip
+    with pytest.raises(ValueError, match="fixes both sides' values; give ours"):
+        sc.Difference.model_validate(base)
+    with pytest.raises(ValueError, match="give twin"):
+        sc.Difference.model_validate({**base, "ours": "m"})
+    with pytest.raises(ValueError, match="unknown ours_rule"):
+        sc.Difference.model_validate({**base, "ours_rule": "guess", "twin": ""})
+    with pytest.raises(ValueError, match="not both"):
+        sc.Difference.model_validate({**base, "ours_rule": "message-cut-bytes", "ours": ""})
+    assert set(sc.RULE_NAMES) == set(_rules.RULES)
+    assert all(len(d.fixed) + len(d.rules) == 2 for s in WRITTEN for d in s.differences)
+    generated = _generate.scenario(7)
+    assert all(len(d.fixed) == 2 for d in generated.differences)
+
+
+def test_the_message_cut_rules() -> None:
+    # Our cut keeps whole characters of the first 1,021 bytes; the kubelet's keeps the
+    # bytes, and its JSON shows each byte of the split character as one U+FFFD.
+    assert _rules.cut_at_character("é" * 600) == "é" * 510 + "..."
+    assert _rules.cut_bytes("é" * 600) == "é" * 510 + "\ufffd..."
+    assert _rules.cut_at_character("温" * 400) == "温" * 340 + "..."
+    assert _rules.cut_bytes("温" * 400) == "温" * 340 + "\ufffd..."
+    # 2 + 254 x 4 = 1,018 bytes, then 3 bytes of the next emoji: three U+FFFD.
+    assert _rules.cut_bytes("xy" + "🙂" * 300) == "xy" + "🙂" * 254 + "\ufffd" * 3 + "..."
+    assert _rules.cut_at_character("xy" + "🙂" * 300) == "xy" + "🙂" * 254 + "..."
+    # No split, no difference; short messages are kept whole.
+    assert _rules.cut_bytes("a" + "é" * 600) == _rules.cut_at_character("a" + "é" * 600)
+    assert _rules.cut_bytes("a" * 1024) == "a" * 1024 == _rules.cut_at_character("a" * 1024)
+    assert len(_rules.cut_bytes("a" * 1025).encode()) == 1024
+
+
+def test_the_rules_read_the_reported_message_and_our_view() -> None:
+    scenario = sc.Scenario.model_validate(
+        {
+            "name": "x", "description": "x", "drivers": [{"name": "d"}],
+            "claims": [{"name": "c", "devices": [
+                {"driver": "d", "device": "a", "request": "r"},
+                {"driver": "d", "device": "b", "request": "s", "cdi": ["d/x=b"]},
+                {"driver": "d", "device": "gone", "returned": False}]}],
+            "pods": [{"name": "p", "claims": [{"name": "e", "claim": "c"}],
+                      "containers": [{"name": "m", "claims": ["e", "e/s"]}]}],
+            "timeline": [
+                {"report": {"driver": "d", "devices": [
+                    {"device": "b", "message": {"text": "é", "times": 600}}]}},
+                {"sync": "one"},
+                {"report": {"driver": "d", "devices": [{"device": "b", "message": "short"}]}},
+                {"sync": "two"},
+            ],
+        }
+    )  # fmt: skip
+
+    def rule(
+        name: str, kind: str, at: str, subject: str, field: str, view: object = None
+    ) -> object:
+        c = _rules.Comparison(scenario, kind, at, subject, field, view or {})  # type: ignore[arg-type]
+        return _rules.RULES[name](c)
+
+    cut = "message-cut-bytes"
+    assert rule(cut, "devices", "one", "d/pool/b", "message") == "é" * 510 + "\ufffd..."
+    assert rule(cut, "devices", "two", "d/pool/b", "message") == "short"
+    status_field = "entry claim:e resource d/x=b message"  # by its CDI ID
+    assert rule(cut, "status", "two", "pod p containerStatuses[m]", status_field) == "short"
+    view = {("d", "pool", "a"): ("Healthy", ""), ("d", "pool", "b"): ("Unhealthy", "short")}
+    entry = "entry-from-our-view"
+    assert rule(entry, "status", "two", "pod p containerStatuses[m]", "entry claim:e", view) == [
+        {"resourceID": "d/pool/a", "health": "Healthy"},
+        {"resourceID": "d/x=b", "health": "Unhealthy", "message": "short"},
+    ]
+    assert rule(entry, "status", "two", "pod p containerStatuses[m]", "entry claim:e/s", view) == [
+        {"resourceID": "d/x=b", "health": "Unhealthy", "message": "short"}
+    ]
+    with pytest.raises(ValueError, match="no sync point 'three'"):
+        rule(cut, "devices", "three", "d/pool/b", "message")
 
 
 def test_committed_matrix_is_the_one_the_scenarios_produce() -> None:
@@ -406,18 +536,18 @@ def test_a_declared_difference_past_the_first_twenty_is_kept_and_masked_once() -
         }
     )  # fmt: skip
     declared = _compare.declared_on(scenario, "1.38")
-    tally = _compare.Tally(declared)
+    tally = _compare.Tally(declared, scenario)
     ours = {("d", "pool", f"dev-{i}"): ("Healthy", "") for i in range(30)}
-    found = _compare.compare_devices("sync s", ours, {}, 0.0, tally=tally)
+    found = _compare.compare_devices("sync s", ours, {}, tally=tally)
     late = _compare.Observed("devices", "sync s", "d/pool/dev-29", "Healthy", "Unknown", "health")
     assert late in found and len(found) == 21
-    verdict = _compare.classify(scenario, "1.38", found)
+    verdict = _compare.classify(scenario, "1.38", found, tally=tally)
     assert [d.feature for d in verdict.seen] == ["lease-outlives-stream"] and not verdict.missing
     assert len(verdict.unexplained) == 20
     # Each device's health and message compared once; the declaration masks one of them.
     assert (tally.total, tally.masked) == (60, [1])
     # The same declaration at another sync point covers nothing there.
-    elsewhere = _compare.compare_devices("sync t", ours, {}, 0.0, tally=tally)
+    elsewhere = _compare.compare_devices("sync t", ours, {}, tally=tally)
     assert late.subject not in {o.subject for o in elsewhere} and tally.masked == [1]
 
 
@@ -513,3 +643,17 @@ def test_a_refusal_on_both_sides_is_the_same_only_for_the_same_rule() -> None:
         "outcome: refused / refused"
     ]
     assert compare(None, None, False) == []
+
+
+def test_entry_from_our_view_lists_resources_as_we_write_them() -> None:
+    # As our entries read on 1.34 and 1.35 (measured): first CDI ID or
+    # <driver>/<pool>/<device>, sorted by resourceID.
+    scenario = sc.load(sc.SCENARIO_DIR / "cdi-resource-id.yaml")
+    comparison = _rules.Comparison(
+        scenario, "status", scenario.sync_names()[-1], "pod pod-a containerStatuses[main]",
+        "entry claim:gpu",
+    )  # fmt: skip
+    resources = _rules.RULES["entry-from-our-view"](comparison)
+    assert [r["resourceID"] for r in resources] == [
+        "driver/class=b", "driver/pool/plain", "driver/pool=device",
+    ]  # fmt: skip

@@ -64,7 +64,7 @@ def _has_entries(version: str, source: str) -> bool:
     """
     if version == "v1.34.4":
         return source == "direct-same-name"
-    if version == "v1.35.4":
+    if version == "v1.35.5":
         return source == "template"
     return True
 

@@ -435,7 +435,9 @@ def _source_files(artifact: GoArtifact) -> list[Path]:
     for rel in (artifact.module, *artifact.extra_sources):
         base = artifact.root / rel
         for path in sorted(base.rglob("*")):
-            if path.is_file() and (path.suffix == ".go" or path.name in ("go.mod", "go.sum")):
+            if path.is_file() and (
+                path.suffix in (".go", ".s") or path.name in ("go.mod", "go.sum")
+            ):
                 files.append(path)
     return files
 

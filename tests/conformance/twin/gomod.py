@@ -46,8 +46,8 @@ class LineModule:
 
 LINE_MODULES: tuple[LineModule, ...] = (
     LineModule("v134", "v1.34.4", "api134"),
-    LineModule("v135", "v1.35.4", "api134"),
-    LineModule("v136", "v1.36.3", "api136"),
+    LineModule("v135", "v1.35.5", "api134"),
+    LineModule("v136", "v1.36.4", "api136"),
     LineModule("v137", "v1.37.2", "api137"),
     LineModule(
         "v138",

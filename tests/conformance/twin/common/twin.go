@@ -16,10 +16,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime/debug"
 	"sort"
 	"sync"
 	"time"
+	"unsafe"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -46,6 +48,16 @@ type Line interface {
 	UpdateStatus(logger klog.Logger, m *dra.Manager, pod *v1.Pod, status *v1.PodStatus)
 	// Stop stops the manager's background work; false if this line has no Manager.Stop.
 	Stop(m *dra.Manager) bool
+	// DeviceHealth is what the manager's own getHealthInfo returns for one device now:
+	// health and message (no message up to 1.35, whose getHealthInfo returns none).
+	DeviceHealth(m *dra.Manager, driver, pool, device string) (string, string)
+}
+
+// HealthInfoCache is the manager's health cache (its unexported healthInfoCache field), for
+// a shim to call the cache's own getHealthInfo on: the manager has no exported way to read
+// one device's health, and the twin must not compute it itself.
+func HealthInfoCache(m *dra.Manager) unsafe.Pointer {
+	return reflect.ValueOf(m).Elem().FieldByName("healthInfoCache").UnsafePointer()
 }
 
 // Gates enabled when this line knows them (DynamicResourceAllocation is no gate in 1.38).
@@ -99,6 +111,8 @@ type request struct {
 	Pod      json.RawMessage   `json:"pod"`
 	Pods     []json.RawMessage `json:"pods"`
 	SettleMs *int              `json:"settleMs"`
+	// sync: the devices whose view (getHealthInfo) the reply gives, [driver, pool, device]
+	Devices [][3]string `json:"devices"`
 	// wait_state
 	Pool      string  `json:"pool"`
 	Device    string  `json:"device"`
@@ -485,7 +499,14 @@ func (t *Twin) sync(req request) (reply, error) {
 		t.line.UpdateStatus(t.logger, t.manager, pod, status)
 		statuses[string(pod.UID)] = status
 	}
-	return reply{"announced": announced, "updates": updates, "statuses": statuses}, nil
+	// Read right after the statuses, as the same sync point: each device as the manager's
+	// getHealthInfo reads it (its own expiry, its own clock).
+	devices := make([][2]string, 0, len(req.Devices))
+	for _, d := range req.Devices {
+		health, message := t.line.DeviceHealth(t.manager, d[0], d[1], d[2])
+		devices = append(devices, [2]string{health, message})
+	}
+	return reply{"announced": announced, "updates": updates, "statuses": statuses, "devices": devices}, nil
 }
 
 // readState reads the checkpoint; the manager replaces it by rename, so a read never
