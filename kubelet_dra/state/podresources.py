@@ -204,7 +204,7 @@ class PodResourcesClient:
             self.state = State.STOPPED
 
     async def _attempt(self) -> tuple[float, bool]:
-        """One connection: (seconds it was ready, whether the server lacks the service)."""
+        """One connection: (seconds it was ready, whether to wait the longest delay next)."""
         self.state = State.CONNECTING
         ready_at: float | None = None
         options = [("grpc.max_receive_message_length", self._settings.max_message_bytes)]
@@ -221,6 +221,10 @@ class PodResourcesClient:
                 self._fall_back(FALLBACK_UNIMPLEMENTED)
                 return 0.0, True
             self._failed(exc)
+        except Exception:
+            # A bug here must not end naming for good: logged, then retried at the cap.
+            logger.exception("the PodResources client crashed; restarting it")
+            return 0.0, True
         return (0.0 if ready_at is None else self._clock.now() - ready_at), False
 
     async def _list(self, stub: pb_grpc.PodResourcesListerStub) -> None:
