@@ -132,6 +132,11 @@ def _gates() -> dict[str, bool]:
 @pytest.fixture(scope="session")
 def node_controllers(node_kubelet: _node.NodeKubelet) -> Iterator[Controllers]:
     """The real scheduler and Job/resourceclaim controllers on the node tier's API server."""
+    # The kubelet registers its Node with the not-ready NoSchedule taint, which the node
+    # lifecycle controller removes once the Node is Ready; that controller does not run here
+    # (it would also taint and evict on a late heartbeat), so the fixture removes it.
+    _api.Api(node_kubelet.server).patch(f"/api/v1/nodes/{node_kubelet.node}",
+                                        {"spec": {"taints": None}})  # fmt: skip
     workdir = node_kubelet.workdir / "controllers"
     controllers = start_controllers(
         node_kubelet.server, scheduler_bin=interop_binary("kube-scheduler"),
