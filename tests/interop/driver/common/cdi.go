@@ -16,10 +16,17 @@ type cdiDeviceNode struct {
 	HostPath string `json:"hostPath"`
 }
 
+type cdiMount struct {
+	HostPath      string   `json:"hostPath"`
+	ContainerPath string   `json:"containerPath"`
+	Options       []string `json:"options"`
+}
+
 type cdiDevice struct {
 	Name           string `json:"name"`
 	ContainerEdits struct {
-		DeviceNodes []cdiDeviceNode `json:"deviceNodes"`
+		DeviceNodes []cdiDeviceNode `json:"deviceNodes,omitempty"`
+		Mounts      []cdiMount      `json:"mounts,omitempty"`
 	} `json:"containerEdits"`
 }
 
@@ -35,17 +42,30 @@ func CDISpecPath(dir, driver, claimUID string) string {
 	return filepath.Join(dir, strings.ReplaceAll(driver, "/", "_")+"-"+claimUID+".json")
 }
 
-// WriteCDISpec writes the spec of a claim's devices that have a DevicePath, each at
-// /dev/<device> in the container, and returns the devices with their CDI IDs added.
+// DeviceDirMount is where a device's DeviceDir appears in the container: /dev/dra/<device>.
+const DeviceDirMount = "/dev/dra/"
+
+// WriteCDISpec writes the spec of a claim's devices that have a DevicePath (a node at
+// /dev/<device> in the container) or a DeviceDir (bind-mounted at /dev/dra/<device>), and
+// returns the devices with their CDI IDs added.
 // The file is renamed into place, so the runtime never reads half a spec.
 func WriteCDISpec(dir, driver, claimUID string, devices []PreparedDevice) ([]PreparedDevice, error) {
 	spec := cdiSpec{Version: "0.6.0", Kind: driver + "/" + CDIClass}
 	out := make([]PreparedDevice, 0, len(devices))
 	for _, d := range devices {
-		if d.DevicePath != "" {
+		if d.DevicePath != "" || d.DeviceDir != "" {
 			dev := cdiDevice{Name: claimUID + "-" + d.Device}
-			dev.ContainerEdits.DeviceNodes = []cdiDeviceNode{
-				{Path: "/dev/" + d.Device, HostPath: d.DevicePath},
+			if d.DevicePath != "" {
+				dev.ContainerEdits.DeviceNodes = []cdiDeviceNode{
+					{Path: "/dev/" + d.Device, HostPath: d.DevicePath},
+				}
+			}
+			if d.DeviceDir != "" {
+				// A bind mount of the directory, not of the node: the runtime makes its own
+				// copy of a device node, so a change on the host never reaches the
+				// container; entries of a bind-mounted directory are the host's own.
+				dev.ContainerEdits.Mounts = []cdiMount{{HostPath: d.DeviceDir,
+					ContainerPath: DeviceDirMount + d.Device, Options: []string{"bind", "rw"}}}
 			}
 			spec.Devices = append(spec.Devices, dev)
 			d.CDIDeviceIDs = append(append([]string(nil), d.CDIDeviceIDs...), spec.Kind+"="+dev.Name)

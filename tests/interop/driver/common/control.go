@@ -38,6 +38,10 @@ type PreparedDevice struct {
 	// DevicePath, with --cdi-dir, is a host device node (or file) that prepare writes a CDI
 	// spec for, so that the runtime injects it at /dev/<device>; its CDI ID is added.
 	DevicePath string `json:"device_path,omitempty"`
+	// DeviceDir, with --cdi-dir, is a host directory holding the device's node; the spec
+	// bind-mounts it at /dev/dra/<device>, so that the node going away on the host (as when
+	// a device drops off its bus) is seen inside the container.
+	DeviceDir string `json:"device_dir,omitempty"`
 }
 
 // StreamError makes health streams fail with a gRPC status while it is set.
