@@ -182,8 +182,8 @@ def story(
             world.sidecar = SidecarProcess(
                 node=node_kubelet.node, kubeconfig=node_kubelet.server.kubeconfig,
                 registry=node_kubelet.registry, state_dir=workdir / "sidecar-state",
-                flags=("--container-status", "auto", "--kubelet-root-dir",
-                       str(node_kubelet.root)),
+                flags=("--container-status", "auto", "--pod-resources-socket",
+                       str(node_kubelet.root / "pod-resources" / "kubelet.sock")),
             ).__enter__()  # fmt: skip
         world.publish()
         return world
