@@ -26,7 +26,7 @@ def kubelet_fact(holds: bool, line: str, fact: str, seen: str) -> None:
     if not holds:
         version = _build.KUBELET_LINES[line][1]
         raise AssertionError(
-            f"KUBELET FACT CHANGED: kubelet {version} no longer {fact}; this run saw {seen}. "
+            f"KUBELET FACT CHANGED: on kubelet {version}, not so: {fact}. This run saw {seen}. "
             "This is the kubelet's behaviour, not the sidecar's: measure this line, then "
             "update 'Terminated pods' in docs/sidecar.md and this test."
         )
@@ -76,12 +76,12 @@ def test_failed_pod_keeps_its_failure_time_health(node_setup, audit):
     line = world.kubelet.spec.line
     first = f", the first {after[0].at - failed_at:+.1f}s after we saw it Failed" if after else ""
     kubelet_fact(
-        not after, line, "writes a failed pod's status no more once it wrote the phase Failed",
+        not after, line, "the kubelet writes a failed pod's status no more after the phase Failed",
         f"{len(after)} writes after that{first}",
     )  # fmt: skip
     kubelet_fact(
         _dra.field(failed) == at_failure, line,
-        "keeps a failed pod's allocatedResourcesStatus as it was when the pod failed",
+        "the kubelet keeps a failed pod's allocatedResourcesStatus as it was at the failure",
         f"{at_failure} at failure, {_dra.field(failed)} after the device recovered",
     )  # fmt: skip
     cond = _dra.condition(failed)
