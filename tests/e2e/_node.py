@@ -263,6 +263,11 @@ class Kubelet:
         return self.root / "plugins" / driver
 
     @property
+    def log_path(self) -> Path:
+        """The kubelet's log, every start's output appended."""
+        return self.workdir / "kubelet.log"
+
+    @property
     def log(self) -> str:
         return self._kubelet.tail(200_000) if self._kubelet is not None else ""
 
@@ -375,7 +380,7 @@ class Kubelet:
         self._kubelet = _Process(
             "kubelet",
             ["unshare", "-m", "-n", "--propagation", "private", "sh", "-c", self._shell()],
-            self.workdir / "kubelet.log",
+            self.log_path,
         )
         self._wait(lambda: self._ready_since(started), timeout, "the Node to be Ready")
 

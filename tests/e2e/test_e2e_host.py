@@ -28,11 +28,18 @@ INITIALIZED = re.compile(r'Initialized iptables rules\.?"? protocol="?(IPv4|IPv6
 def test_kubelet_leaves_the_hosts_iptables_unchanged(host_network, line, kubelet_on):
     assert host_network is not None, "conftest.py read no host state before the first kubelet"
     kubelet = kubelet_on(line, True)
+    offset = kubelet.log_path.stat().st_size
     kubelet.restart()  # a kubelet started in this test, with iptables there to run
+
+    def initialized() -> list[str]:
+        with kubelet.log_path.open("rb") as log:
+            log.seek(offset)  # this start's lines only
+            return INITIALIZED.findall(log.read().decode(errors="replace"))
+
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "IPv4" not in INITIALIZED.findall(kubelet.log):
+    while time.monotonic() < deadline and "IPv4" not in initialized():
         time.sleep(0.5)
-    assert "IPv4" in INITIALIZED.findall(kubelet.log), (
+    assert "IPv4" in initialized(), (
         "the kubelet never said it initialized its iptables rules:\n" + kubelet.log[-3000:]
     )
     after = _host.state()
