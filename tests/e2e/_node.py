@@ -7,11 +7,18 @@ host (docs/e2e.md has the recipe and the reasons):
 
 - **Runtime**: ``fakecri`` serves the upstream in-memory fake CRI; containers "run" at once
   and exit only when a test asks (:meth:`Kubelet.exit_container`).
-- **Namespace**: the kubelet runs inside ``unshare -m --propagation private``, where files
-  holding the values it insists on are bind-mounted over the six ``/proc/sys`` entries it
-  checks (``protectKernelDefaults: true`` then only reads them), and tmpfs covers
+- **Mount namespace**: the kubelet runs inside ``unshare -m -n --propagation private``,
+  where files holding the values it insists on are bind-mounted over the six ``/proc/sys``
+  entries it checks (``protectKernelDefaults: true`` then only reads them), and tmpfs covers
   ``/var/lib`` and ``/var/log`` (the device-plugin socket and ``/var/log/containers`` are
-  hard-coded). Nothing on the host changes.
+  hard-coded).
+- **Network namespace**: the same ``unshare`` gives it a network of its own, so the iptables
+  chains and DROP rule that kubelet 1.37's ``initNetworkUtil`` adds wherever ``iptables``
+  exists land there, not on the host (``test_e2e_host.py`` compares the host's tables). Its
+  loopback carries :data:`NODE_IP` (its node IP: it refuses a loopback one) and a relay
+  (``_relay.py``) on the server's own ``127.0.0.1`` port, joined to a relay on the host by a
+  unix socket, so its kubeconfig is unchanged. Every other socket it uses is a unix socket.
+  Nothing on the host changes.
 - **Identity**: a static token user ``system:node:<node>`` in ``system:nodes``, so the Node
   authorizer applies to the kubelet as in a cluster.
 
@@ -29,11 +36,13 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kubelet_dra.status.podjson import MutableObj as Obj
 from tests.e2e import _api
@@ -48,6 +57,12 @@ SYSCTLS: Mapping[str, int] = {
     "kernel/keys/root_maxkeys": 1000000,
     "kernel/keys/root_maxbytes": 25000000,
 }
+
+#: The kubelet's node IP, on its network namespace's loopback device. Nothing is sent to it:
+#: the kubelet only checks that an interface has it and puts it in the Node's addresses.
+NODE_IP = "198.18.0.2"
+#: The relay between the kubelet's network namespace and the host's (run by path).
+RELAY = Path(__file__).resolve().with_name("_relay.py")
 
 #: The audit policy: every write of a pod's status with its body, nothing else.
 AUDIT_POLICY = """\
@@ -68,17 +83,17 @@ def unavailable_reason() -> str | None:
     """Why a kubelet cannot run here, or None."""
     if os.geteuid() != 0:
         return "the e2e kubelet needs root (a private mount namespace and bind mounts)"
-    for tool in ("unshare", "mount"):
+    for tool in ("unshare", "mount", "ip"):
         if shutil.which(tool) is None:
             return f"the {tool} command is needed to run the e2e kubelet"
     probe = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "true"],
+        ["unshare", "-m", "-n", "--propagation", "private", "ip", "link", "set", "lo", "up"],
         capture_output=True,
         text=True,
         check=False,
     )
     if probe.returncode != 0:
-        return f"cannot make a private mount namespace: {probe.stderr.strip()}"
+        return f"cannot make a private mount and network namespace: {probe.stderr.strip()}"
     return None
 
 
@@ -222,8 +237,10 @@ class Kubelet:
         self.root = workdir / "root"
         self.exit_dir = workdir / "exit-requests"
         self.cri_socket = workdir / "fakecri.sock"
+        self.api_socket = workdir / "api-relay.sock"
         self._kubelet: _Process | None = None
         self._cri: _Process | None = None
+        self._relay: _Process | None = None
         for path in (self.root, self.exit_dir, workdir / "pod-logs", workdir / "sysctl"):
             path.mkdir(parents=True, exist_ok=True)
         user = f"system:node:{spec.node}"
@@ -244,6 +261,11 @@ class Kubelet:
 
     def plugin_dir(self, driver: str) -> Path:
         return self.root / "plugins" / driver
+
+    @property
+    def log_path(self) -> Path:
+        """The kubelet's log, every start's output appended."""
+        return self.workdir / "kubelet.log"
 
     @property
     def log(self) -> str:
@@ -302,9 +324,46 @@ class Kubelet:
         argv = [
             str(self.bin), f"--config={self.config}", f"--kubeconfig={self.kubeconfig}",
             f"--root-dir={self.root}", f"--cert-dir={self.workdir / 'pki'}",
-            f"--hostname-override={self.node}", "--v=2",
+            f"--hostname-override={self.node}", f"--node-ip={NODE_IP}", "--v=2",
         ]  # fmt: skip
-        return " && ".join([*mounts, "exec " + " ".join(argv)])
+        return " && ".join([*mounts, *self._network(), "exec " + " ".join(argv)])
+
+    def _network(self) -> list[str]:
+        """Shell steps in the new network namespace: loopback up with the node IP, and the
+        relay to the kube-apiserver on its own address (the module docstring)."""
+        api = urlsplit(self.server.url)
+        ready = self.workdir / "api-relay-netns.ready"
+        relay = [
+            sys.executable, str(RELAY), f"--listen=tcp:{api.hostname}:{api.port}",
+            f"--connect=unix:{self.api_socket}", f"--ready={ready}",
+        ]  # fmt: skip
+        return [
+            "ip link set lo up",
+            f"ip addr add {NODE_IP}/32 dev lo",
+            f"rm -f {ready}",
+            "{ " + " ".join(relay) + " & }",
+            f"while [ ! -e {ready} ]; do sleep 0.05; done",
+        ]
+
+    def _start_relay(self) -> None:
+        """The host's half of the relay: the unix socket to the kube-apiserver's port."""
+        if self._relay is not None and self._relay.alive():
+            return
+        api = urlsplit(self.server.url)
+        self.api_socket.unlink(missing_ok=True)
+        self._relay = _Process(
+            "api-relay",
+            [sys.executable, str(RELAY), f"--listen=unix:{self.api_socket}",
+             f"--connect=tcp:{api.hostname}:{api.port}"],
+            self.workdir / "api-relay.log",
+        )  # fmt: skip
+        self._wait(self.api_socket.exists, 30, "the API relay's socket")
+
+    @property
+    def pid(self) -> int:
+        """The kubelet's process (``unshare`` execs the shell, which execs the kubelet)."""
+        assert self._kubelet is not None
+        return self._kubelet.proc.pid
 
     def start(self, timeout: float = 120.0) -> None:
         """Start the runtime (if needed) and the kubelet; wait until the Node is Ready."""
@@ -316,11 +375,12 @@ class Kubelet:
                 self.workdir / "fakecri.log",
             )  # fmt: skip
             self._wait(self.cri_socket.exists, 30, "the fake CRI socket")
+        self._start_relay()
         started = time.time()
         self._kubelet = _Process(
             "kubelet",
-            ["unshare", "-m", "--propagation", "private", "sh", "-c", self._shell()],
-            self.workdir / "kubelet.log",
+            ["unshare", "-m", "-n", "--propagation", "private", "sh", "-c", self._shell()],
+            self.log_path,
         )
         self._wait(lambda: self._ready_since(started), timeout, "the Node to be Ready")
 
@@ -359,7 +419,7 @@ class Kubelet:
         self.start(timeout)
 
     def stop(self) -> None:
-        for proc in (self._kubelet, self._cri):
+        for proc in (self._kubelet, self._cri, self._relay):
             if proc is not None:
                 proc.stop()
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import interop_binary
-from tests.e2e import _api, _dra, _node
+from tests.e2e import _api, _dra, _host, _node
 from tests.interop import _build
 from tests.interop._apiserver import KubeApiServer
 from tests.interop._cluster import SidecarProcess
@@ -129,8 +129,23 @@ def api(e2e_server: KubeApiServer) -> _api.Api:
 
 
 @pytest.fixture(scope="session")
+def host_network(request: pytest.FixtureRequest) -> dict[str, str] | None:
+    """The host's network before the session's first kubelet, when ``test_e2e_host.py`` is
+    selected (Debian's iptables got first, so that every kubelet has one to run)."""
+    if not any(item.path.name == "test_e2e_host.py" for item in request.session.items):
+        return None
+    try:
+        _host.ensure_iptables()
+    except _host.Unavailable as exc:
+        pytest.skip(f"e2e: {exc}")
+    return _host.state()
+
+
+@pytest.fixture(scope="session")
 def kubelet_on(
-    e2e_server: KubeApiServer, tmp_path_factory: pytest.TempPathFactory
+    e2e_server: KubeApiServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    host_network: dict[str, str] | None,
 ) -> Iterator[Callable[[str, bool], _node.Kubelet]]:
     running: dict[tuple[str, bool], _node.Kubelet] = {}
 

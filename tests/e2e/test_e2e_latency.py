@@ -3,8 +3,9 @@
 In one run, beside one kubelet, the same flips are timed on both paths: from the moment the
 driver's control file changes (the driver sends within ~100 ms) to the first pod version,
 seen through a watch, where the kubelet's field shows the new health, and to the first where
-our condition does. The kubelet is the peer: the test reports both medians and their ratio
-(docs/sidecar.md quotes a run), and asserts only that both paths delivered every flip.
+our condition does. The kubelet is the peer: the test prints both medians and their ratio
+(docs/sidecar.md quotes a run) and asserts that our condition's median is within
+:data:`RATIO` times the kubelet's field's, over :data:`FLIPS` flips.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from tests.e2e import _dra
 
 FLIPS = 6  # at least 5 per side, as the issue asks
+#: The bound on our median over the kubelet's: as fast as the kubelet, with room for load.
+RATIO = 1.5
 CDI = f"{_dra.DRIVER}/gpu=gpu-0"
 
 
@@ -82,3 +85,7 @@ def test_report_to_pod_latency_kubelet_and_sidecar(node_setup):
             "kubelet_median_s": kubelet_median, "ours_median_s": ours_median,
         }, indent=2))  # fmt: skip
     assert len(rows) == FLIPS
+    assert ours_median <= RATIO * kubelet_median, (
+        f"our condition's median {ours_median:.3f}s is more than {RATIO}x the kubelet's field's "
+        f"{kubelet_median:.3f}s over {FLIPS} flips (ratio {ours_median / kubelet_median:.2f})"
+    )

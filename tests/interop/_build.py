@@ -231,7 +231,7 @@ ARTIFACTS.update(TOOL_ARTIFACTS)
 E2E_DIR = INTEROP_DIR.parent / "e2e"
 KUBELET_LINES: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {
     # line: (module directory, version, extra go environment)
-    "1.35": ("v135", "v1.35.4", ()),
+    "1.35": ("v135", "v1.35.5", ()),
     "1.37": ("v137", "v1.37.2", ()),
     "1.38": ("v138", "v1.38.0-beta.0", (("GOTOOLCHAIN", "go1.27.3"),)),
 }

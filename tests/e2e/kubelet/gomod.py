@@ -12,6 +12,7 @@ by default). It needs Go and the module proxy; the tests do not run it.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,14 @@ from tests.conformance.twin import gomod as twin_gomod
 KUBELET_DIR = Path(__file__).resolve().parent
 MODULE_PREFIX = "kubelet-dra/tests/e2e/kubelet"
 
-#: The kubelet lines of the e2e tier: (module directory, the twin line it shares pins with).
-LINES: dict[str, str] = {"v135": "v135", "v137": "v137", "v138": "v138"}
+#: The kubelet lines of the e2e tier: module directory -> (the twin line it shares its build
+#: needs with, the version it builds). A line's version is its own: the e2e kubelet moves to
+#: a new patch as soon as the proxy has it, whatever the twin of that line pins.
+LINES: dict[str, tuple[str, str]] = {
+    "v135": ("v135", "v1.35.5"),
+    "v137": ("v137", "v1.37.2"),
+    "v138": ("v138", "v1.38.0-beta.0"),
+}
 
 MAIN_GO = """\
 // Command kubelet is the upstream kubelet {version}, unmodified: the same few lines as
@@ -48,9 +55,10 @@ func main() {{
 
 
 def line(dir_: str) -> twin_gomod.LineModule:
-    """The twin's description of the upstream line this module builds."""
-    wanted = LINES[dir_]
-    return next(m for m in twin_gomod.LINE_MODULES if m.dir == wanted)
+    """The twin's description of the upstream line this module builds, at its own version."""
+    twin, version = LINES[dir_]
+    upstream = next(m for m in twin_gomod.LINE_MODULES if m.dir == twin)
+    return dataclasses.replace(upstream, version=version)
 
 
 def render_gomod(dir_: str, staging: list[str]) -> str:
