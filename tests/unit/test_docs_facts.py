@@ -149,8 +149,13 @@ def test_the_testing_page_names_every_environment_of_the_default_run() -> None:
 _REASON_LIKE = re.compile(r"\breason:?\s+`?([A-Z][A-Za-z]+)`?")
 
 
-#: The API server's own ``Status`` reasons, which pages quote from its answers.
-API_STATUS_REASONS = {"Forbidden", "Conflict", "NotFound", "Invalid", "Expired", "TooManyRequests"}
+#: Kubernetes' own reasons that pages quote: the API server's ``Status`` answers, container
+#: states and Job conditions.
+API_STATUS_REASONS = {
+    *("Forbidden", "Conflict", "NotFound", "Invalid", "Expired", "TooManyRequests"),
+    *("Error", "Completed", "OOMKilled", "CrashLoopBackOff", "ContainerCreating"),
+    *("BackoffLimitExceeded", "PodFailurePolicy"),
+}
 
 
 def test_every_event_or_condition_reason_on_a_page_exists() -> None:
