@@ -40,7 +40,7 @@ FEATURES: dict[str, str] = {
     ),
     "message-char-boundary": "message cut at a character boundary",
     "revived-device": "a report reviving an expired device is a change",
-    "own-resource-ids": "an ID of its own for each device sharing its first CDI ID (issue 19)",
+    "own-resource-ids": "a resourceID of its own for each device sharing a first CDI ID",
     # Behaviour of newer lines that older lines lack (we follow the newest).
     "sorted-output": "sorted allocatedResourcesStatus (kubelet 1.38)",
     "registration-validation": "driver name and endpoint validation (kubelet 1.38)",
