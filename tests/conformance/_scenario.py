@@ -4,7 +4,7 @@ A scenario describes the inputs both sides get (drivers, their devices, claims,
 pods) and a timeline of driver actions with sync points; the runner
 (``_runner``) plays it against the kubelet twin and our library and compares
 what they compute. ``differences`` declares where they differ on purpose.
-See ``docs/conformance.md`` for the language with examples.
+See ``docs/conformance-internals.md`` for the language with examples.
 
 Nothing here mirrors a kubelet file; the claim and pod objects built by
 :mod:`_objects` are the ``resource.k8s.io/v1`` and ``v1`` shapes the kubelet's
