@@ -4,7 +4,7 @@ A scenario describes the inputs both sides get (drivers, their devices, claims,
 pods) and a timeline of driver actions with sync points; the runner
 (``_runner``) plays it against the kubelet twin and our library and compares
 what they compute. ``differences`` declares where they differ on purpose.
-See ``docs/conformance.md`` for the language with examples.
+See ``docs/conformance-internals.md`` for the language with examples.
 
 Nothing here mirrors a kubelet file; the claim and pod objects built by
 :mod:`_objects` are the ``resource.k8s.io/v1`` and ``v1`` shapes the kubelet's
@@ -40,7 +40,7 @@ FEATURES: dict[str, str] = {
     ),
     "message-char-boundary": "message cut at a character boundary",
     "revived-device": "a report reviving an expired device is a change",
-    "own-resource-ids": "an ID of its own for each device sharing its first CDI ID (issue 19)",
+    "own-resource-ids": "a resourceID of its own for each device sharing a first CDI ID",
     # Behaviour of newer lines that older lines lack (we follow the newest).
     "sorted-output": "sorted allocatedResourcesStatus (kubelet 1.38)",
     "registration-validation": "driver name and endpoint validation (kubelet 1.38)",
