@@ -400,8 +400,16 @@ _OUR_ERRORS = ("checksum mismatch", "SECURITY ERROR", "missing go.sum entry", "u
                "invalid version", "requires go >=")  # fmt: skip
 
 
+#: Modules this proxy refuses by policy (403 for every version), so that no go.sum of ours can
+#: hold them: a missing go.sum entry for one of them is the proxy's, not the repository's.
+REFUSED_MODULES = ("sigs.k8s.io/iptables-wrappers",)
+
+
 def is_network_error(stderr: str) -> bool:
     """Whether a failed go command's output blames the network or the proxy, not us."""
+    missing = [line for line in stderr.splitlines() if "missing go.sum entry" in line]
+    if missing and all(any(m in line for m in REFUSED_MODULES) for line in missing):
+        return True
     if any(marker in stderr for marker in _OUR_ERRORS):
         return False
     return any(marker in stderr for marker in NETWORK_ERRORS)
